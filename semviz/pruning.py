@@ -36,7 +36,20 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from semviz.gravity import (
+    candidate_matrix,
+    context_mass,
+    gravity_for_step,
+    gravity_potential,
+    normalize_gravity,
+)
+
 __all__ = [
+    "candidate_matrix",
+    "context_mass",
+    "gravity_for_step",
+    "gravity_potential",
+    "normalize_gravity",
     "PruneParams",
     "PruneResult",
     "SamplerState",
