@@ -37,3 +37,66 @@ def progress_bar(total: int, desc: str, enabled: bool = True):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, file=sys.stderr, disable=not enabled, leave=False)
+
+
+def add_prune_args(p: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per ``PruneParams`` field (``--top-p 0.9``), plus ``--preset NAME``."""
+    import dataclasses
+    import typing
+
+    from semviz.pruning import PruneParams
+
+    g = p.add_argument_group("pruning (defaults: plain sampling, or the preset's values)")
+    g.add_argument("--preset", default=None, help="scenario preset: code, story, qa, brainstorm")
+    hints = typing.get_type_hints(PruneParams)
+    for f in dataclasses.fields(PruneParams):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        if hint is bool:
+            g.add_argument(flag, dest=f.name, type=_parse_bool, default=None, metavar="{on,off}")
+        elif hint in (int, float):
+            g.add_argument(
+                flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper()
+            )
+        elif typing.get_origin(hint) is typing.Literal:
+            g.add_argument(flag, dest=f.name, choices=typing.get_args(hint), default=None)
+        else:  # tuples of ints such as gravity_layers
+            g.add_argument(flag, dest=f.name, type=_parse_ints, default=None, metavar="I,J,…")
+
+
+def _parse_bool(s: str) -> bool:
+    if s.lower() in ("1", "on", "true", "yes"):
+        return True
+    if s.lower() in ("0", "off", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {s!r}")
+
+
+def _parse_ints(s: str) -> tuple[int, ...] | None:
+    if s.lower() in ("", "all", "none"):
+        return None
+    try:
+        return tuple(int(x) for x in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def params_from_args(args: argparse.Namespace, base=None):
+    """``PruneParams`` from ``--preset`` (or ``base``) overridden by any flags given."""
+    import dataclasses
+
+    from semviz.pruning import PruneParams
+
+    params = base if base is not None else PruneParams()
+    if getattr(args, "preset", None):
+        from semviz.presets import PRESETS
+
+        if args.preset not in PRESETS:
+            raise ValueError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
+        params = PRESETS[args.preset].params
+    changes = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(PruneParams)
+        if getattr(args, f.name, None) is not None
+    }
+    return dataclasses.replace(params, **changes) if changes else params

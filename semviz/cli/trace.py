@@ -1,0 +1,79 @@
+"""``python -m semviz trace``: decode a prompt step by step and write the trace."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from semviz.cli import common
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("trace", help="decode a prompt and write a trace JSON")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--steps", type=int, default=64, help="maximum new tokens (default 64)")
+    p.add_argument("--out", default="trace.json", help="where to write the trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--chat",
+        type=common._parse_bool,
+        default=None,
+        metavar="{on,off}",
+        help="use the chat template (default: on for models that have one)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    common.add_model_args(p)
+    common.add_prune_args(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from semviz.decoding import DecodeSettings, Decoder
+
+    if args.steps < 1:
+        raise ValueError("--steps must be at least 1")
+    params = common.params_from_args(args)
+    if not args.prompt.strip():  # fail before loading a model
+        from semviz.decoding import PromptError
+
+        raise PromptError("The prompt is empty: type some text for the model to continue.")
+    lm = common.load(args)
+    settings = DecodeSettings(
+        seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat
+    )
+    dec = Decoder(lm, args.prompt, params, settings)
+    with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:
+        dec.run(args.steps, on_step=lambda rec: bar.update(1))
+    dec.trace.save(args.out)
+    summary = summarize(dec.trace)
+    summary["out"] = args.out
+    if args.json:
+        common.print_json(summary)
+    else:
+        print(dec.trace.text)
+        print(
+            f"\n{summary['steps']} tokens, stop: {summary['stop_reason']}, mean entropy "
+            f"{summary['mean_entropy']:.3f} nats, {summary['tokens_per_s']:.1f} tok/s -> {args.out}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def summarize(trace) -> dict:
+    """Scalar summary of a trace for ``--json``."""
+    df = trace.to_dataframe()
+    n = len(df)
+    total = float(df["t_forward_ms"].sum() + df["t_semviz_ms"].sum()) / 1e3 if n else 0.0
+    return {
+        "model": trace.model.get("name"),
+        "prompt_tokens": len(trace.prompt_ids),
+        "steps": n,
+        "text": trace.text,
+        "stop_reason": trace.stop_reason,
+        "mean_entropy": float(df["entropy"].mean()) if n else float("nan"),
+        "mean_kept": float(df["n_kept"].mean()) if n else float("nan"),
+        "fallbacks": int(df["fallback"].notna().sum()) if n else 0,
+        "prefill_s": trace.prefill_seconds,
+        "tokens_per_s": n / total if total > 0 else float("nan"),
+    }
