@@ -596,10 +596,14 @@ def free_energy_mask(
     return keep | _protect_first(stable_order(s), min_tokens_to_keep)
 
 
-def mirostat_mask(x: Tensor, mu: float, min_tokens_to_keep: int = 1) -> Tensor:
-    """Mirostat v2 truncation: keep tokens whose surprise ``-log2 p`` is ``<= mu`` (B, V)."""
+def mirostat_mask(x: Tensor, mu: float | Tensor, min_tokens_to_keep: int = 1) -> Tensor:
+    """Mirostat v2 truncation: keep tokens whose surprise ``-log2 p`` is ``<= mu`` (B, V).
+
+    ``mu`` is a float or one value per row ``(B,)``.
+    """
     x = _2d(x)
     surprise = -torch.log_softmax(x, -1) / LN2  # (B, V) bits
+    mu = torch.as_tensor(mu, dtype=surprise.dtype, device=x.device).reshape(-1, 1)  # (B|1, 1)
     return (surprise <= mu) | _protect_first(stable_order(x), min_tokens_to_keep)
 
 

@@ -1,0 +1,684 @@
+"""HF ``LogitsProcessor``s on the semviz pruning core, for ``model.generate``.
+
+Every class validates its arguments in ``__init__`` (``ValueError`` naming the argument),
+never modifies ``scores`` in place, and works on batches ``(B, V)``. The standard warpers
+keep transformers' names and, with the default ``tie_rule="hf"``, return exactly what
+transformers' own warpers return; ``tie_rule="stable"`` breaks ties by the lower index.
+
+Examples
+--------
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
+>>> from semviz.processors import NarrativeGravityLogitsProcessor, TopPLogitsWarper
+>>> _ = torch.manual_seed(0)
+>>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+...                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+>>> model = LlamaForCausalLM(cfg).eval()
+>>> procs = LogitsProcessorList([
+...     NarrativeGravityLogitsProcessor(model, gravity_lambda=0.5, mass="idf"),
+...     TopPLogitsWarper(0.9),
+... ])
+>>> out = model.generate(torch.tensor([[1, 2, 3]]), do_sample=True, max_new_tokens=3,
+...                      logits_processor=procs, pad_token_id=0)
+>>> out.shape
+torch.Size([1, 6])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers import LogitsProcessor
+
+from semviz import pruning as core
+from semviz.gravity import (
+    candidate_matrix,
+    context_mass,
+    normalize_gravity,
+    pull_vector,
+)
+from semviz.pruning import PruneParams
+
+__all__ = [
+    "EntropyAdaptiveTemperatureLogitsWarper",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+    "FreeEnergyLogitsWarper",
+    "HiddenSink",
+    "MinPLogitsWarper",
+    "MirostatLogitsWarper",
+    "NarrativeGravityLogitsProcessor",
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "TypicalLogitsWarper",
+    "capture_attention",
+    "capture_hidden",
+]
+
+
+def _check_min_tokens(min_tokens_to_keep: int) -> int:
+    if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int):
+        raise ValueError(
+            f"`min_tokens_to_keep` has to be a positive int, got {min_tokens_to_keep!r}"
+        )
+    if min_tokens_to_keep < 1:
+        raise ValueError(f"`min_tokens_to_keep` has to be a positive int, got {min_tokens_to_keep}")
+    return min_tokens_to_keep
+
+
+def _check_tie_rule(tie_rule: str) -> str:
+    if tie_rule not in ("hf", "stable"):
+        raise ValueError(f"`tie_rule` must be 'hf' or 'stable', got {tie_rule!r}")
+    return tie_rule
+
+
+def _check_unit(name: str, value: float, lo_open: bool, hi_open: bool) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"`{name}` has to be a float, got {value!r}") from None
+    ok = (v > 0 if lo_open else v >= 0) and (v < 1 if hi_open else v <= 1)
+    if not ok or math.isnan(v):
+        lo, hi = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise ValueError(f"`{name}` has to be in {lo}0, 1{hi}, got {value}")
+    return v
+
+
+class _MaskWarper(LogitsProcessor):
+    """Base: compute a keep mask (B, V) on float32 scores, fill the rest with ``filter_value``."""
+
+    def __init__(self, filter_value: float, min_tokens_to_keep: int, tie_rule: str) -> None:
+        self.filter_value = float(filter_value)
+        self.min_tokens_to_keep = _check_min_tokens(min_tokens_to_keep)
+        self.tie_rule = _check_tie_rule(tie_rule)
+
+    def keep(self, scores: Tensor) -> Tensor:  # (B, V) float32 -> (B, V) bool
+        raise NotImplementedError
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        x = scores if scores.dtype == torch.float32 else scores.float()
+        return scores.masked_fill(~self.keep(x), self.filter_value)  # new tensor
+
+
+class TemperatureLogitsWarper(LogitsProcessor):
+    """Divide scores by ``temperature > 0`` (for greedy, use ``do_sample=False``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> TemperatureLogitsWarper(2.0)(None, torch.tensor([[2.0, 4.0]]))
+    tensor([[1., 2.]])
+    """
+
+    def __init__(self, temperature: float) -> None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(
+                f"`temperature` has to be a strictly positive float, got {temperature!r}"
+            )
+        if not (temperature > 0) or not math.isfinite(temperature):
+            raise ValueError(
+                f"`temperature` (={temperature}) has to be a strictly positive float; "
+                "for greedy decoding set `do_sample=False`."
+            )
+        self.temperature = float(temperature)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        return scores / self.temperature
+
+
+class TopKLogitsWarper(_MaskWarper):
+    """Keep the ``top_k`` highest scores (``hf``: plus ties with the k-th; ``stable``: exactly k).
+
+    Examples
+    --------
+    >>> import torch
+    >>> TopKLogitsWarper(2)(None, torch.tensor([[1.0, 3.0, 2.0, 0.0]]))
+    tensor([[-inf, 3., 2., -inf]])
+    """
+
+    def __init__(
+        self,
+        top_k: int,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+        tie_rule: str = "hf",
+    ) -> None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+            raise ValueError(f"`top_k` has to be a strictly positive integer, got {top_k!r}")
+        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+        self.top_k = max(top_k, min_tokens_to_keep)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.top_k_mask(scores, self.top_k, self.min_tokens_to_keep, self.tie_rule)
+
+
+class TopPLogitsWarper(_MaskWarper):
+    """Keep the smallest most-probable set whose probability is at least ``top_p``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> TopPLogitsWarper(0.5)(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]])))
+    tensor([[   -inf, -0.5108,    -inf]])
+    """
+
+    def __init__(
+        self,
+        top_p: float,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+        tie_rule: str = "hf",
+    ) -> None:
+        self.top_p = _check_unit("top_p", top_p, lo_open=True, hi_open=False)
+        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.top_p_mask(scores, self.top_p, self.min_tokens_to_keep, self.tie_rule)
+
+
+class MinPLogitsWarper(_MaskWarper):
+    """Keep tokens with probability at least ``min_p`` times the top token's.
+
+    Examples
+    --------
+    >>> import torch
+    >>> MinPLogitsWarper(0.4)(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]])))
+    tensor([[   -inf, -0.5108, -1.2040]])
+    """
+
+    def __init__(
+        self,
+        min_p: float,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+        tie_rule: str = "hf",
+    ) -> None:
+        self.min_p = _check_unit("min_p", min_p, lo_open=False, hi_open=False)
+        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.min_p_mask(scores, self.min_p, self.min_tokens_to_keep, self.tie_rule)
+
+
+class TypicalLogitsWarper(_MaskWarper):
+    """Locally typical sampling: keep the tokens whose surprise is closest to the entropy.
+
+    Examples
+    --------
+    >>> import torch
+    >>> TypicalLogitsWarper(0.5)(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]]))).isinf()
+    tensor([[ True, False,  True]])
+    """
+
+    def __init__(
+        self,
+        mass: float = 0.9,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+        tie_rule: str = "hf",
+    ) -> None:
+        self.mass = _check_unit("mass", mass, lo_open=True, hi_open=True)
+        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.typical_mask(scores, self.mass, self.min_tokens_to_keep, self.tie_rule)
+
+
+class EpsilonLogitsWarper(_MaskWarper):
+    """Keep tokens with probability at least ``epsilon``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> EpsilonLogitsWarper(0.2)(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]]))).isinf()
+    tensor([[ True, False, False]])
+    """
+
+    def __init__(
+        self,
+        epsilon: float,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+        tie_rule: str = "hf",
+    ) -> None:
+        self.epsilon = _check_unit("epsilon", epsilon, lo_open=True, hi_open=True)
+        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.epsilon_mask(scores, self.epsilon, self.min_tokens_to_keep, self.tie_rule)
+
+
+class EtaLogitsWarper(_MaskWarper):
+    """Eta sampling: keep tokens with ``p >= min(eps, sqrt(eps)·exp(-H))``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> EtaLogitsWarper(0.2)(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]]))).isinf()
+    tensor([[ True, False, False]])
+    """
+
+    def __init__(
+        self,
+        epsilon: float,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+        tie_rule: str = "hf",
+        device: str = "cpu",
+    ) -> None:
+        self.epsilon = _check_unit("epsilon", epsilon, lo_open=True, hi_open=True)
+        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.eta_mask(scores, self.epsilon, self.min_tokens_to_keep, self.tie_rule)
+
+
+class FreeEnergyLogitsWarper(_MaskWarper):
+    """Free-energy criterion (seed §4.4): keep ``w`` iff ``U(w) - U_min <= kappa·T·H``.
+
+    ``U = -scores`` and ``H`` is the entropy of ``softmax(scores)``, so a token survives iff
+    ``p(w) >= p_max·exp(-kappa·T·H)``: decisive when the entropy is low, tolerant when it is
+    high. Put it before a temperature warper and set ``temperature`` to that warper's value
+    (the scores it sees are then the T = 1 energies).
+
+    Examples
+    --------
+    >>> import torch
+    >>> FreeEnergyLogitsWarper()(None, torch.log(torch.tensor([[0.05, 0.9, 0.05]]))).isinf()
+    tensor([[ True, False,  True]])
+    """
+
+    def __init__(
+        self,
+        kappa: float = 1.0,
+        temperature: float = 1.0,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+    ) -> None:
+        if not isinstance(kappa, (int, float)) or not (kappa >= 0) or not math.isfinite(kappa):
+            raise ValueError(f"`kappa` has to be a finite float >= 0, got {kappa!r}")
+        if not isinstance(temperature, (int, float)) or not (temperature > 0):
+            raise ValueError(f"`temperature` has to be a float > 0, got {temperature!r}")
+        super().__init__(filter_value, min_tokens_to_keep, "stable")
+        self.kappa, self.temperature = float(kappa), float(temperature)
+
+    def keep(self, scores: Tensor) -> Tensor:
+        return core.free_energy_mask(scores, self.temperature, self.kappa, self.min_tokens_to_keep)
+
+
+def _params(**kw) -> PruneParams:
+    """Build PruneParams, re-raising its errors with the processor's argument name."""
+    try:
+        return PruneParams(**kw)
+    except ValueError as e:
+        raise ValueError(str(e).replace("PruneParams.", "`", 1).replace("=", "`=", 1)) from None
+
+
+class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
+    """Per-row temperature from the row's entropy (seed §5.2, EDT or llama.cpp dynatemp).
+
+    Modes: ``target`` ``T = clip(T0 + sign·gain·(H - H*), t_min, t_max)`` (``sign=-1``
+    cools uncertain steps, ``+1`` heats them), ``edt`` ``T = T0·N^(θ/H)``, ``dynatemp``
+    ``T = T_lo + (T_hi - T_lo)·(H / ln n)^exponent``. ``last_temperatures`` holds the
+    temperatures of the last call (B,).
+
+    Examples
+    --------
+    >>> import torch
+    >>> w = EntropyAdaptiveTemperatureLogitsWarper("target", temperature=1.0, target_entropy=0.0)
+    >>> out = w(None, torch.zeros(1, 4))  # H = ln 4 > 0: cooled below 1
+    >>> w.last_temperatures[0] < 1
+    tensor(True)
+    """
+
+    def __init__(
+        self,
+        mode: str = "target",
+        temperature: float = 1.0,
+        target_entropy: float = 2.0,
+        controller_gain: float = 0.1,
+        controller_sign: int = -1,
+        t_min: float = 0.05,
+        t_max: float = 2.0,
+        edt_theta: float = 1.0,
+        edt_n: float = 0.8,
+        dynatemp_range: float = 0.5,
+        dynatemp_exponent: float = 1.0,
+    ) -> None:
+        if mode not in ("target", "edt", "dynatemp"):
+            raise ValueError(f"`mode` must be 'target', 'edt' or 'dynatemp', got {mode!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(f"`temperature` has to be a float > 0, got {temperature!r}")
+        if not temperature > 0:
+            raise ValueError(f"`temperature` has to be a float > 0, got {temperature}")
+        self.params = _params(
+            temperature=float(temperature),
+            adaptive=mode,
+            target_entropy=float(target_entropy),
+            controller_gain=float(controller_gain),
+            controller_sign=controller_sign,
+            adaptive_t_min=float(t_min),
+            adaptive_t_max=float(t_max),
+            edt_theta=float(edt_theta),
+            edt_n=float(edt_n),
+            dynatemp_range=float(dynatemp_range),
+            dynatemp_exponent=float(dynatemp_exponent),
+        )
+        self.last_temperatures: Tensor | None = None
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        x = scores.float()
+        ts = [core.adaptive_temperature(self.params, row) for row in x]
+        t = torch.tensor([max(v, 1e-6) for v in ts], dtype=torch.float32)  # (B,)
+        self.last_temperatures = t
+        return (x / t.to(x.device)[:, None]).to(scores.dtype)
+
+
+class MirostatLogitsWarper(LogitsProcessor):
+    """Mirostat v2: truncate to tokens with surprise ``<= mu`` bits, steer ``mu`` towards ``tau``.
+
+    ``mu`` starts at ``2·tau`` and is kept per batch row. Inside ``generate`` the token chosen
+    at the previous step is the last entry of ``input_ids``; its surprise under the
+    distribution this warper returned updates ``mu -= eta·(surprise - tau)``. A call whose
+    ``input_ids`` did not grow by exactly one resets the state (a new ``generate``).
+    Put it last in the list so that what it returns is what gets sampled.
+
+    Examples
+    --------
+    >>> import torch
+    >>> w = MirostatLogitsWarper(tau=1.0)
+    >>> w(torch.tensor([[0]]), torch.log(torch.tensor([[0.7, 0.2, 0.1]]))).isinf()
+    tensor([[False,  True,  True]])
+    """
+
+    def __init__(
+        self,
+        tau: float = 5.0,
+        eta: float = 0.1,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+    ) -> None:
+        if not isinstance(tau, (int, float)) or not (tau > 0) or not math.isfinite(tau):
+            raise ValueError(f"`tau` has to be a float > 0 (bits), got {tau!r}")
+        if not isinstance(eta, (int, float)) or not (eta > 0) or not math.isfinite(eta):
+            raise ValueError(f"`eta` has to be a float > 0, got {eta!r}")
+        self.tau, self.eta = float(tau), float(eta)
+        self.filter_value = float(filter_value)
+        self.min_tokens_to_keep = _check_min_tokens(min_tokens_to_keep)
+        self.reset()
+
+    def reset(self) -> None:
+        self.mu: Tensor | None = None  # (B,)
+        self._logq: Tensor | None = None  # (B, V) last returned log-distribution
+        self._len = -1
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        B = scores.shape[0]
+        n = -1 if input_ids is None else input_ids.shape[-1]
+        if self.mu is None or self.mu.shape[0] != B or n != self._len + 1 or self._logq is None:
+            self.mu = torch.full((B,), 2.0 * self.tau)
+        else:
+            last = input_ids[:, -1].long().cpu()  # (B,)
+            surprise = -self._logq.gather(-1, last[:, None])[:, 0] / core.LN2  # (B,) bits
+            surprise = torch.nan_to_num(surprise, posinf=2.0 * self.tau)
+            self.mu = self.mu - self.eta * (surprise - self.tau)
+        x = scores.float()
+        keep = core.mirostat_mask(x, self.mu.to(x.device), self.min_tokens_to_keep)  # (B, V)
+        out = scores.masked_fill(~keep, self.filter_value)
+        self._logq = torch.log_softmax(out.float(), -1).cpu()
+        self._len = n
+        return out
+
+
+# -- gravity inside generate -------------------------------------------------------------------
+
+
+@dataclass
+class HiddenSink:
+    """Final normed hidden states seen so far, ``hidden`` (B, N, d); filled by :func:`capture_hidden`."""
+
+    hidden: Tensor | None = None
+    chunks: list[Tensor] = field(default_factory=list)
+
+    def add(self, h: Tensor) -> None:
+        self.chunks.append(h.detach().float())
+        self.hidden = None
+
+    def get(self) -> Tensor | None:
+        if self.hidden is None and self.chunks:
+            self.hidden = torch.cat(self.chunks, dim=1)  # (B, N, d)
+            self.chunks = [self.hidden]
+        return self.hidden
+
+    def clear(self) -> None:
+        self.hidden, self.chunks = None, []
+
+
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    base = getattr(model, "model", None) or model.get_decoder()
+    norm = getattr(base, "norm", None)
+    if norm is None:
+        raise ValueError("capture_hidden: could not find the final norm module (model.model.norm)")
+    return norm
+
+
+@contextlib.contextmanager
+def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
+    """Collect the final normed hidden states of every forward while the block runs.
+
+    A forward hook on the final norm is added on entry and removed in ``finally``; only
+    forwards run inside the block are recorded (use it around one ``generate`` call).
+
+    Examples
+    --------
+    >>> with capture_hidden(model) as hs:  # doctest: +SKIP
+    ...     proc = NarrativeGravityLogitsProcessor(model, 0.5, space="hidden", hidden_sink=hs)
+    ...     model.generate(ids, do_sample=True, logits_processor=[proc])
+    """
+    sink = HiddenSink()
+    handle = _final_norm(model).register_forward_hook(lambda mod, args, out: sink.add(out))
+    try:
+        yield sink
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def capture_attention(model: torch.nn.Module) -> Iterator:
+    """Collect each forward's last-query attention while the block runs, for ``generate``.
+
+    Yields a :class:`semviz.capture.AttentionSink` whose ``stacked()`` is ``(L, B, H, S)``
+    for the latest forward. The model is switched to semviz's capturing sdpa (plain sdpa
+    for every call without a sink), and a forward pre-hook that hands the sink to each call
+    is added on entry and removed in ``finally``.
+
+    Examples
+    --------
+    >>> with capture_attention(model) as sink:  # doctest: +SKIP
+    ...     proc = NarrativeGravityLogitsProcessor(model, 0.5, mass="attention",
+    ...                                            attention_sink=sink)
+    ...     model.generate(ids, do_sample=True, logits_processor=[proc])
+    """
+    from semviz.capture import AttentionSink, enable_capture
+
+    enable_capture(model)
+    sink = AttentionSink()
+
+    def pre_hook(module, args, kwargs):
+        kwargs["semviz_sink"] = sink
+        return args, kwargs
+
+    handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        yield sink
+    finally:
+        handle.remove()
+
+
+class NarrativeGravityLogitsProcessor(LogitsProcessor):
+    """Adds ``λ·Ĝ`` to ``log_softmax(scores)``: ``Ĝ`` is z-scored narrative gravity.
+
+    ``G(w) = Σ_i m_i·sim(w, t_i)`` over the context in ``input_ids``, computed per row as one
+    ``(V, d) @ (d,)`` product. With ``space="embedding"`` and mass ``uniform``/``idf``/``norm``
+    everything comes from ``input_ids`` and the model's input embedding, so it works in
+    ``generate`` as is. Two kinds of mass or space need what the forward pass saw:
+
+    - ``mass="attention"`` / ``"ema"``: pass ``attention_sink`` from
+      :func:`capture_attention`::
+
+          with capture_attention(model) as sink:
+              proc = NarrativeGravityLogitsProcessor(model, 0.5, mass="attention",
+                                                     attention_sink=sink)
+              model.generate(ids, do_sample=True, logits_processor=[proc])
+
+    - ``space="hidden"``: pass ``hidden_sink`` from :func:`capture_hidden`.
+
+    ``mode="rerank"`` keeps only the top ``rerank_k`` raw candidates (others get
+    ``filter_value``) and reranks them; ``mode="full"`` adjusts the whole vocabulary.
+    Tokens equal to ``pad_token_id`` are left out of the context.
+
+    Examples
+    --------
+    >>> import torch
+    >>> emb = torch.eye(4)  # token i points along axis i
+    >>> proc = NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="uniform")
+    >>> out = proc(torch.tensor([[2, 2]]), torch.zeros(1, 4))
+    >>> int(out.argmax())  # the context pulls towards token 2
+    2
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        gravity_lambda: float = 0.5,
+        *,
+        embedding: Tensor | None = None,
+        mass: str = "uniform",
+        sim: str = "cosine",
+        space: str = "embedding",
+        mode: str = "full",
+        rerank_k: int = 64,
+        layers: tuple[int, ...] | None = None,
+        heads: tuple[int, ...] | None = None,
+        ema_decay: float = 0.9,
+        attention_sink=None,
+        hidden_sink: HiddenSink | None = None,
+        pad_token_id: int | None = None,
+        filter_value: float = -float("inf"),
+        min_tokens_to_keep: int = 1,
+    ) -> None:
+        if model is None and embedding is None:
+            raise ValueError("`model` or `embedding` is required")
+        if not isinstance(gravity_lambda, (int, float)) or not math.isfinite(gravity_lambda):
+            raise ValueError(f"`gravity_lambda` has to be a finite float, got {gravity_lambda!r}")
+        self.params = _params(
+            gravity_lambda=float(gravity_lambda),
+            gravity_mass=mass,
+            gravity_sim=sim,
+            gravity_space=space,
+            gravity_mode=mode,
+            rerank_k=rerank_k,
+            gravity_layers=tuple(layers) if layers is not None else None,
+            gravity_heads=tuple(heads) if heads is not None else None,
+            ema_decay=float(ema_decay),
+            min_tokens_to_keep=min_tokens_to_keep,
+        )
+        if space == "hidden" and hidden_sink is None:
+            raise ValueError("`hidden_sink` is required for space='hidden' (see capture_hidden)")
+        if space == "hidden" and model is None:
+            raise ValueError("`model` is required for space='hidden' (its lm_head rows)")
+        if mass in ("attention", "ema") and attention_sink is None:
+            raise ValueError(f"`attention_sink` is required for mass={mass!r}")
+        self.model, self.embedding = model, embedding
+        self.attention_sink, self.hidden_sink = attention_sink, hidden_sink
+        self.pad_token_id = pad_token_id
+        self.filter_value = float(filter_value)
+        self._ema: list[Tensor | None] = []
+        self._unit_cache: Tensor | None = None
+        self.last_gravity: Tensor | None = None  # (B, V) normalised G of the last call
+
+    def _cand(self) -> Tensor:
+        p = self.params
+        if self.model is not None:
+            return candidate_matrix(self.model, p.gravity_space, p.gravity_sim)
+        if self._unit_cache is None:
+            e = self.embedding.detach().float()
+            self._unit_cache = (
+                e / e.norm(dim=-1, keepdim=True).clamp_min(1e-8) if p.gravity_sim == "cosine" else e
+            )
+        return self._unit_cache
+
+    def _embed(self) -> Tensor:
+        if self.embedding is not None:
+            return self.embedding
+        return self.model.get_input_embeddings().weight
+
+    def gravity(self, input_ids: Tensor) -> Tensor:
+        """Normalised gravity ``(B, V_model)`` for each row of ``input_ids`` (B, N)."""
+        p = self.params
+        B = input_ids.shape[0]
+        attn = None
+        if p.gravity_mass in ("attention", "ema"):
+            attn = self.attention_sink.stacked().float()  # (L, B, H, S)
+        hidden = self.hidden_sink.get() if self.hidden_sink is not None else None  # (B, N, d)
+        if len(self._ema) != B:
+            self._ema = [None] * B
+        pulls = []
+        for b in range(B):
+            ids = input_ids[b].long()  # (N,)
+            keep = torch.ones_like(ids, dtype=torch.bool)
+            if self.pad_token_id is not None:
+                keep = ids != self.pad_token_id
+            if p.gravity_space == "embedding":
+                ctx = self._embed()[ids[keep]].detach().float()  # (N', d)
+            else:
+                h = hidden[b]
+                if h.shape[0] != ids.shape[0]:
+                    raise ValueError(
+                        f"hidden_sink holds {h.shape[0]} positions but input_ids has {ids.shape[0]}: "
+                        "open capture_hidden around this generate call only"
+                    )
+                ctx = h[keep]
+            a = None
+            if attn is not None:
+                a = attn[:, b][..., -ids.shape[0] :][..., keep]  # (L, H, N')
+            m = context_mass(
+                p.gravity_mass,
+                attention=a,
+                layers=p.gravity_layers,
+                heads=p.gravity_heads,
+                ema=self._ema[b],
+                ema_decay=p.ema_decay,
+                context_ids=ids[keep],
+                embed=self._embed() if p.gravity_mass == "norm" else None,
+                n=ctx.shape[0],
+            )  # (N',)
+            if p.gravity_mass == "ema":
+                self._ema[b] = m
+            pulls.append(pull_vector(ctx, m, p.gravity_sim))  # (d,)
+        v = torch.stack(pulls)  # (B, d)
+        g = v @ self._cand().T  # (B, V)
+        return normalize_gravity(g)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        p = self.params
+        if p.gravity_lambda == 0.0 and p.gravity_mode == "full":
+            return scores.clone()  # λ = 0 is the identity
+        x = scores.float()  # (B, V)
+        g = self.gravity(input_ids).to(x.device)  # (B, V_model)
+        V = x.shape[-1]
+        if g.shape[-1] < V:
+            g = torch.nn.functional.pad(g, (0, V - g.shape[-1]))
+        g = g[:, :V]
+        self.last_gravity = g
+        out = torch.log_softmax(x, -1) + p.gravity_lambda * g  # (B, V)
+        if p.gravity_mode == "rerank":
+            cand = core.top_k_mask(x, p.rerank_k, p.min_tokens_to_keep, "stable")  # (B, V)
+            out = out.masked_fill(~cand, self.filter_value)
+        return out.to(scores.dtype)
