@@ -60,10 +60,13 @@ def last_query_attention(
     -------
     (B, H, S) float32 weights that sum to 1 over S.
     """
-    n_rep = query.shape[1] // key.shape[1]
-    q = query[:, :, -1:, :].float()  # (B, H, 1, D)
-    k = key.float().repeat_interleave(n_rep, dim=1)  # (B, H, S, D)
-    scores = (q @ k.transpose(-1, -2)) * scaling  # (B, H, 1, S)
+    B, H, _, D = query.shape
+    H_kv, S = key.shape[1], key.shape[2]
+    # Grouped heads share a KV head: view the queries as (B, H_kv, n_rep, D) instead of
+    # copying the keys n_rep times. Head h uses KV head h // n_rep, as repeat_kv does.
+    q = query[:, :, -1, :].float().view(B, H_kv, H // H_kv, D)  # (B, H_kv, n_rep, D)
+    k = key.float()  # (B, H_kv, S, D)
+    scores = (q @ k.transpose(-1, -2)).view(B, H, 1, S) * scaling  # (B, H, 1, S)
     if attention_mask is not None:
         m = attention_mask[:, :, -1:, -key.shape[-2] :]  # (B, 1, 1, S)
         if m.dtype == torch.bool:

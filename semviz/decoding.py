@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from semviz import pruning
+from semviz import gravity, pruning
 from semviz.capture import AttentionSink, enable_capture
 from semviz.model import LoadedModel
 from semviz.trace import StepRecord, Trace
@@ -169,8 +169,9 @@ class Decoder:
         self.sampler = pruning.SamplerState()
         self.ids: list[int] = list(self.prompt_ids)
         n = len(self.ids)
+        # original positions held by each layer's cache; _forward appends, eviction removes
         self.positions: list[torch.Tensor] = [
-            torch.arange(n, dtype=torch.long) for _ in range(cfg.num_hidden_layers)
+            torch.empty(0, dtype=torch.long) for _ in range(cfg.num_hidden_layers)
         ]
         self.hidden: torch.Tensor | None = None  # (T, d) final hidden states, all positions
         self.attn_ema: torch.Tensor | None = None  # (T,) EMA of mean last-query attention
@@ -215,6 +216,8 @@ class Decoder:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        new = torch.tensor(positions, dtype=torch.long)
+        self.positions = [torch.cat([p, new]) for p in self.positions]
         attn = None
         if sink is not None and sink.rows:
             attn = _stack_layers(sink)  # (L, H, S)
@@ -230,7 +233,12 @@ class Decoder:
         """Bookkeeping after a forward: hidden states, attention EMA, eviction."""
         self.hidden = fw.hidden if self.hidden is None else torch.cat([self.hidden, fw.hidden])
         if fw.attention is not None:
-            mean = self._attention_by_position(fw.attention)  # (T,)
+            att = fw.attention
+            if self.params.gravity_layers is not None:
+                att = att[list(self.params.gravity_layers)]
+            if self.params.gravity_heads is not None:
+                att = att[:, list(self.params.gravity_heads)]
+            mean = self._attention_by_position(att)  # (T,)
             if self.attn_ema is None:
                 self.attn_ema = mean
             else:
@@ -244,13 +252,16 @@ class Decoder:
             self._pending_eviction = None
 
     def _attention_by_position(self, attention: torch.Tensor) -> torch.Tensor:
-        """Mean over layers and heads, scattered to absolute positions. Returns (T,)."""
+        """Mean over (the gravity-selected) layers and heads, by absolute position. (T,)"""
         total = len(self.ids)
-        out = torch.zeros(total, dtype=torch.float32)
         L = attention.shape[0]
-        for layer in range(L):
+        if all(p.numel() == total for p in self.positions):  # nothing evicted
+            return attention[:, :, :total].mean((0, 1)).cpu()
+        out = torch.zeros(total, dtype=torch.float32)
+        layer_ids = self.params.gravity_layers or range(L)
+        for i, layer in enumerate(layer_ids):
             pos = self.positions[layer]
-            out.index_add_(0, pos, attention[layer, :, : pos.numel()].mean(0).cpu())
+            out.index_add_(0, pos, attention[i, :, : pos.numel()].mean(0).cpu())
         return out / L
 
     def union_positions(self) -> torch.Tensor:
@@ -267,7 +278,21 @@ class Decoder:
         p = self.params
         if p.gravity_lambda == 0:
             return None
-        return pruning.decoder_gravity(self, attention)  # noqa: placeholder until gravity lands
+        pos = self.union_positions()  # (S,) context as cached
+        ids = torch.tensor(self.ids, dtype=torch.long)[pos]  # (S,)
+        hidden = self.hidden[pos] if p.gravity_space == "hidden" else None  # (S, d)
+        mass = p.gravity_mass
+        att = None
+        if mass == "ema":
+            # the decoder's own EMA, kept by absolute position so eviction cannot misalign it
+            att, mass = self.attn_ema[pos].view(1, 1, -1), "attention"  # (1, 1, S)
+        elif mass == "attention":
+            att = self._attention_on(attention, pos)  # (L, H, S)
+        if mass != p.gravity_mass:
+            p = p.replace(gravity_mass=mass, gravity_layers=None, gravity_heads=None)
+        return gravity.gravity_for_step(
+            self.lm.model, p, context_ids=ids, attention=att, hidden=hidden
+        ).to(torch.float32)  # (V,)
 
     # -- stepping --------------------------------------------------------------------------
     def step(self, force_token: int | None = None) -> StepRecord | None:
@@ -348,12 +373,8 @@ class Decoder:
         token: int,
         u: float,
     ) -> StepRecord:
-        k = min(self.settings.record_k, logits.numel())
-        order = torch.sort(logits, descending=True, stable=True).indices  # (V,)
-        cand = order[:k]  # (K,)
+        cand, tail_lse = top_candidates(logits, self.settings.record_k)  # (K,)
         lse = torch.logsumexp(logits, 0)
-        tail = order[k:]
-        tail_lse = float(torch.logsumexp(logits[tail], 0)) if tail.numel() else float("-inf")
         hit = (cand == token).nonzero()
         stage_probs = {
             name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()
@@ -423,7 +444,9 @@ class Decoder:
         if self.eviction is None and k > 0:
             snap = self._snapshots[k] if k < len(self._snapshots) else None
             n = len(self.prompt_ids) + k
-            self.cache.crop(n - 1)  # the k-th token itself is not fed yet
+            excess = self.cache.get_seq_length() - (n - 1)  # the k-th token is not fed yet
+            if excess > 0:
+                self.cache.crop(-excess)
             self.ids = self.ids[:n]
             self.positions = [torch.arange(n - 1, dtype=torch.long) for _ in self.positions]
             self.hidden = self.hidden[: n - 1]
@@ -444,6 +467,37 @@ class Decoder:
             self.step(force_token=rec.token_id)
         # keep the original records (timings, choices) for the steps that were kept
         self.trace.steps = kept
+
+
+def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
+    """The ``k`` largest logits' ids, descending, ties by lower id; and the rest's logsumexp.
+
+    Equal to the first ``k`` of a stable descending sort, without sorting the vocabulary:
+    a top-k finds the k-th value, every id above it is in, and ids equal to it fill the
+    remaining places in id order.
+
+    Parameters
+    ----------
+    logits : (V,) float32
+
+    Returns
+    -------
+    ids : (K,) long, K = min(k, V)
+    tail_lse : logsumexp of the logits not in ``ids`` (-inf when there are none)
+    """
+    V = logits.numel()
+    k = min(k, V)
+    kth = torch.topk(logits, k, sorted=False).values.min()
+    above = (logits > kth).nonzero()[:, 0]  # (A,)
+    ties = (logits == kth).nonzero()[:, 0][: k - above.numel()]  # ascending ids
+    ids = torch.cat([above, ties])  # (K,)
+    ids = ids[torch.sort(ids).indices]  # by id, so the stable sort below breaks ties by id
+    ids = ids[torch.sort(logits[ids], descending=True, stable=True).indices]
+    if k == V:
+        return ids, float("-inf")
+    rest = torch.ones(V, dtype=torch.bool, device=logits.device)
+    rest[ids] = False
+    return ids, float(torch.logsumexp(logits[rest], 0))
 
 
 def _stack_layers(sink: AttentionSink) -> torch.Tensor:
