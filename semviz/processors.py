@@ -19,7 +19,7 @@ Examples
 ...     TopPLogitsWarper(0.9),
 ... ])
 >>> out = model.generate(torch.tensor([[1, 2, 3]]), do_sample=True, max_new_tokens=3,
-...                      logits_processor=procs, pad_token_id=0)
+...                      min_new_tokens=3, logits_processor=procs, pad_token_id=0)
 >>> out.shape
 torch.Size([1, 6])
 """
@@ -213,7 +213,7 @@ class TypicalLogitsWarper(_MaskWarper):
     --------
     >>> import torch
     >>> TypicalLogitsWarper(0.5)(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]]))).isinf()
-    tensor([[ True, False,  True]])
+    tensor([[ True, False, False]])
     """
 
     def __init__(

@@ -58,6 +58,7 @@ __all__ = [
     "entropy_stats",
     "free_energy",
     "prune",
+    "stable_head",
     "stable_order",
     "top_k_mask",
     "top_p_mask",
@@ -72,6 +73,7 @@ __all__ = [
 ]
 
 LN2 = math.log(2.0)
+T_GREEDY = 1e-4  # an effective temperature below this is greedy: s/T would overflow
 NEG_INF = float("-inf")
 
 Order = Literal["hf", "llama.cpp"]
@@ -468,11 +470,28 @@ def stable_order(values: Tensor, descending: bool = True) -> Tensor:
     return torch.sort(values, dim=-1, descending=descending, stable=True).indices
 
 
-def _protect_first(order: Tensor, n: int) -> Tensor:
-    """Mask (B, V) that is True on the first ``n`` entries of ``order`` (B, V)."""
-    n = min(n, order.shape[-1])
-    prot = torch.zeros(order.shape, dtype=torch.bool, device=order.device)
-    prot.scatter_(-1, order[..., :n], True)
+def stable_head(x: Tensor, k: int) -> Tensor:
+    """Indices of the ``k`` largest entries of 1-D ``x`` in stable order (ties: lower index).
+
+    Every entry tied with the k-th value is included, so the result can be longer than ``k``;
+    its first ``k`` entries equal ``stable_order(x)[:k]``. Costs a top-k plus a sort of the
+    head instead of a sort of the whole vocabulary.
+    """
+    n = x.shape[-1]
+    k = max(1, min(k, n))
+    if k >= n // 4:
+        return stable_order(x.unsqueeze(0))[0]
+    kth = torch.topk(x, k).values[-1]
+    idx = torch.nonzero(x >= kth).flatten()  # ascending index order
+    order = torch.sort(x[idx], descending=True, stable=True).indices
+    return idx[order]
+
+
+def _protect_head(x: Tensor, n: int) -> Tensor:
+    """Mask (B, V) that is True on the first ``n`` entries of each row's stable order."""
+    prot = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+    for b in range(x.shape[0]):
+        prot[b, stable_head(x[b], n)[:n]] = True
     return prot
 
 
@@ -490,7 +509,7 @@ def top_k_mask(x: Tensor, k: int, min_tokens_to_keep: int = 1, tie_rule: TieRule
     if tie_rule == "hf":
         kth = torch.topk(x, k)[0][..., -1, None]  # (B, 1)
         return ~(x < kth)
-    return _protect_first(stable_order(x), k)
+    return _protect_head(x, k)
 
 
 def top_p_mask(x: Tensor, p: float, min_tokens_to_keep: int = 1, tie_rule: TieRule = "stable"):
@@ -503,12 +522,22 @@ def top_p_mask(x: Tensor, p: float, min_tokens_to_keep: int = 1, tie_rule: TieRu
         remove[..., -min_tokens_to_keep:] = 0
         remove = remove.scatter(1, sorted_indices, remove)
         return ~remove
-    order = stable_order(x)  # (B, V)
-    probs = torch.softmax(x, -1).gather(-1, order)  # (B, V) descending
-    before = probs.cumsum(-1) - probs  # mass strictly ahead of each token
-    keep_sorted = before < p
-    keep_sorted[..., :min_tokens_to_keep] = True
-    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    probs = torch.softmax(x, -1)  # (B, V)
+    keep = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+    for b in range(x.shape[0]):
+        # grow a stably sorted head until it holds mass p: the nucleus is usually short
+        k = max(64, min_tokens_to_keep)
+        while True:
+            idx = stable_head(x[b], k)  # (k',)
+            q = probs[b, idx]  # (k',) descending
+            before = q.cumsum(0) - q  # mass strictly ahead of each token
+            inside = before < p
+            if not bool(inside[-1]) or idx.numel() >= x.shape[-1]:
+                break
+            k *= 4
+        inside[:min_tokens_to_keep] = True
+        keep[b, idx[inside]] = True
+    return keep
 
 
 def min_p_mask(x: Tensor, min_p: float, min_tokens_to_keep: int = 1, tie_rule: TieRule = "stable"):
@@ -520,7 +549,7 @@ def min_p_mask(x: Tensor, min_p: float, min_tokens_to_keep: int = 1, tie_rule: T
         k = min(min_tokens_to_keep, probs.shape[-1])
         remove.scatter_(-1, torch.topk(probs, k, dim=-1).indices, False)
         return ~remove
-    return ~remove | _protect_first(stable_order(x), min_tokens_to_keep)
+    return ~remove | _protect_head(x, min_tokens_to_keep)
 
 
 def typical_mask(x: Tensor, mass: float, min_tokens_to_keep: int = 1, tie_rule: TieRule = "stable"):
@@ -568,7 +597,7 @@ def _cutoff_mask(x: Tensor, remove: Tensor, min_tokens_to_keep: int, tie_rule: s
         top_k = min(min_tokens_to_keep, x.size(-1))
         remove = remove & (x < torch.topk(x, top_k)[0][..., -1, None])
         return ~remove
-    return ~remove | _protect_first(stable_order(x), min_tokens_to_keep)
+    return ~remove | _protect_head(x, min_tokens_to_keep)
 
 
 def free_energy_mask(
@@ -593,7 +622,7 @@ def free_energy_mask(
     window = kappa * temperature * h  # (B,)
     gap = s.amax(-1, keepdim=True) - s  # (B, V) U(w) - U_min
     keep = gap <= window[..., None]
-    return keep | _protect_first(stable_order(s), min_tokens_to_keep)
+    return keep | _protect_head(s, min_tokens_to_keep)
 
 
 def mirostat_mask(x: Tensor, mu: float | Tensor, min_tokens_to_keep: int = 1) -> Tensor:
@@ -604,7 +633,7 @@ def mirostat_mask(x: Tensor, mu: float | Tensor, min_tokens_to_keep: int = 1) ->
     x = _2d(x)
     surprise = -torch.log_softmax(x, -1) / LN2  # (B, V) bits
     mu = torch.as_tensor(mu, dtype=surprise.dtype, device=x.device).reshape(-1, 1)  # (B|1, 1)
-    return (surprise <= mu) | _protect_first(stable_order(x), min_tokens_to_keep)
+    return (surprise <= mu) | _protect_head(x, min_tokens_to_keep)
 
 
 # --------------------------------------------------------------------------------------------
@@ -681,7 +710,7 @@ def gravity_dominance(logp_raw: Tensor, gravity: Tensor, lam: float, k: int) -> 
     k = min(k, int(finite.sum()))
     if k < 2 or lam == 0.0:
         return 0.0
-    idx = stable_order(logp_raw.unsqueeze(0))[0, :k]
+    idx = stable_head(logp_raw, k)[:k]
     lp, g = logp_raw[idx], gravity.float()[idx]
     spread = float(lp.max() - lp.min())
     g_spread = abs(lam) * float(g.max() - g.min())
@@ -817,10 +846,10 @@ def prune(
         t = adaptive_temperature(eff, s)
     else:
         t = float("nan")  # llama.cpp dynatemp: decided on the survivors below
-    greedy = greedy or t == 0.0
+    greedy = greedy or t < T_GREEDY  # NaN (decided later) compares False
 
     if greedy:
-        arg = int(stable_order(s.unsqueeze(0))[0, 0])
+        arg = int(torch.argmax(s))  # first maximal index
         kept = torch.zeros(K, dtype=torch.bool)
         kept[arg] = True
         final = kept.float()
@@ -846,7 +875,7 @@ def prune(
         # intersection can come up short: top up with the most probable survivors of
         # the gravity stage, in stable order.
         need = min(eff.min_tokens_to_keep, int(alive.sum()))
-        order = stable_order(_masked(block_in, alive).unsqueeze(0))[0]
+        order = stable_head(_masked(block_in, alive), need + int(cur.sum()))
         for i in order.tolist():
             if int(cur.sum()) >= need:
                 break
@@ -857,8 +886,7 @@ def prune(
             t = adaptive_temperature(eff, _masked(s, cur))
         elif math.isnan(t):
             t = eff.temperature
-        if t == 0.0:
-            t = 1e-6
+        t = max(t, T_GREEDY)
         waterfall.append(Stage("temperature", int(cur.sum()), 0.0))
     p_temp = torch.softmax(_masked(s, alive) / t, -1)  # (K,) temperature, before truncation
 
@@ -871,7 +899,7 @@ def prune(
 
     kept = cur
     final = torch.softmax(_masked(s / t, kept), -1)  # (K,)
-    arg = int(stable_order(final.unsqueeze(0))[0, 0])
+    arg = int(torch.argmax(final))
     return _result(
         eff, params, p_raw, p_grav, p_temp, final, kept, waterfall, h_raw, v_raw, t,
         s, g, reason, dominance, tail_mass, arg, mirostat_mu, state, False,
@@ -954,12 +982,13 @@ def choose(
         idx = result.argmax
     else:
         probs = result.index_probs["final"].double()  # (K,)
-        order = stable_order(probs.unsqueeze(0))[0]  # (K,)
-        cdf = probs[order].cumsum(0)  # (K,)
+        idx_kept = torch.nonzero(probs > 0).flatten()  # (n,) ascending index
+        order = idx_kept[torch.sort(probs[idx_kept], descending=True, stable=True).indices]
+        cdf = probs[order].cumsum(0)  # (n,)
         pos = int(
             torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True)
         )
-        pos = min(pos, result.n_kept - 1)
+        pos = min(pos, order.numel() - 1)
         idx = int(order[pos])
     st = state if state is not None else result.state
     if st is not None and not result._observed:

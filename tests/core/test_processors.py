@@ -1,0 +1,134 @@
+"""The processors validate, never touch their input, and run inside generate with batches."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import LogitsProcessorList
+
+from semviz import processors as sp
+
+NEG = float("-inf")
+
+
+def all_processors(model=None, emb=None):
+    emb = torch.randn(32, 8) if emb is None else emb
+    return [
+        sp.TemperatureLogitsWarper(0.7),
+        sp.TopKLogitsWarper(5),
+        sp.TopPLogitsWarper(0.8),
+        sp.MinPLogitsWarper(0.1),
+        sp.TypicalLogitsWarper(0.9),
+        sp.EpsilonLogitsWarper(0.01),
+        sp.EtaLogitsWarper(0.01),
+        sp.FreeEnergyLogitsWarper(1.0),
+        sp.EntropyAdaptiveTemperatureLogitsWarper("target"),
+        sp.EntropyAdaptiveTemperatureLogitsWarper("edt"),
+        sp.EntropyAdaptiveTemperatureLogitsWarper("dynatemp"),
+        sp.MirostatLogitsWarper(2.0),
+        sp.NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="idf"),
+        sp.NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="norm", mode="rerank", rerank_k=4),
+    ]  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 10_000))
+def test_no_processor_modifies_its_input(b, seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(b, 32, generator=g)
+    scores[:, 3] = NEG
+    ids = torch.randint(0, 32, (b, 6), generator=g)
+    for proc in all_processors():
+        s0, i0 = scores.clone(), ids.clone()
+        out = proc(ids, scores)
+        assert torch.equal(scores, s0) and torch.equal(ids, i0), type(proc).__name__
+        assert out.shape == scores.shape and out is not scores
+        assert torch.isfinite(out).any(-1).all(), type(proc).__name__
+
+
+@pytest.mark.parametrize(
+    "make,arg",
+    [
+        (lambda: sp.TemperatureLogitsWarper(0.0), "temperature"),
+        (lambda: sp.TopKLogitsWarper(0), "top_k"),
+        (lambda: sp.TopPLogitsWarper(1.5), "top_p"),
+        (lambda: sp.TopPLogitsWarper(0.5, min_tokens_to_keep=0), "min_tokens_to_keep"),
+        (lambda: sp.MinPLogitsWarper(-0.1), "min_p"),
+        (lambda: sp.TypicalLogitsWarper(1.0), "mass"),
+        (lambda: sp.EpsilonLogitsWarper(0.0), "epsilon"),
+        (lambda: sp.EtaLogitsWarper(1.0), "epsilon"),
+        (lambda: sp.TopKLogitsWarper(3, tie_rule="random"), "tie_rule"),
+        (lambda: sp.FreeEnergyLogitsWarper(-1.0), "kappa"),
+        (lambda: sp.MirostatLogitsWarper(tau=0.0), "tau"),
+        (lambda: sp.MirostatLogitsWarper(eta=-1.0), "eta"),
+        (lambda: sp.EntropyAdaptiveTemperatureLogitsWarper("warm"), "mode"),
+        (lambda: sp.EntropyAdaptiveTemperatureLogitsWarper(target_entropy=-1.0), "target_entropy"),
+        (lambda: sp.NarrativeGravityLogitsProcessor(), "model"),
+        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), mass="attention"), "attention_sink"),
+        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), mass="tfidf"), "gravity_mass"),
+        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), sim="l2"), "gravity_sim"),
+        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), rerank_k=0), "rerank_k"),
+    ],
+)
+def test_init_validates_and_names_argument(make, arg):
+    with pytest.raises(ValueError, match=arg):
+        make()
+
+
+def test_gravity_lambda_zero_is_identity():
+    proc = sp.NarrativeGravityLogitsProcessor(embedding=torch.randn(32, 8), gravity_lambda=0.0)
+    s = torch.randn(2, 32)
+    assert torch.equal(proc(torch.zeros(2, 3, dtype=torch.long), s), s)
+
+
+def test_mirostat_updates_mu_from_the_chosen_token():
+    w = sp.MirostatLogitsWarper(tau=1.0, eta=0.5)
+    scores = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.9, 0.05, 0.05]]))
+    out = w(torch.tensor([[0], [0]]), scores)
+    assert torch.equal(w.mu, torch.tensor([2.0, 2.0]))
+    q = torch.softmax(out, -1)
+    w(torch.tensor([[0, 1], [0, 0]]), scores)
+    expect = 2.0 - 0.5 * (-torch.log2(torch.stack([q[0, 1], q[1, 0]])) - 1.0)
+    torch.testing.assert_close(w.mu, expect)
+
+
+def _generate(model, procs, batch=2, **kw):
+    ids = torch.randint(3, 256, (batch, 6), generator=torch.Generator().manual_seed(1))
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=4,
+        logits_processor=LogitsProcessorList(procs), pad_token_id=0, **kw,
+    )  # fmt: skip
+    assert out.shape == (batch, 10)
+    return out
+
+
+def test_every_processor_runs_in_generate(tiny_llama):
+    emb = tiny_llama.get_input_embeddings().weight
+    for proc in all_processors(emb=emb):
+        _generate(tiny_llama, [proc])
+    _generate(tiny_llama, [sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.5, mass="uniform")])
+
+
+def test_attention_and_hidden_gravity_in_generate(tiny_llama):
+    with sp.capture_attention(tiny_llama) as sink, sp.capture_hidden(tiny_llama) as hs:
+        a = sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.5, mass="attention", attention_sink=sink)
+        e = sp.NarrativeGravityLogitsProcessor(
+            tiny_llama, 0.5, mass="ema", space="hidden", attention_sink=sink, hidden_sink=hs,
+            mode="rerank", rerank_k=16,
+        )  # fmt: skip
+        _generate(tiny_llama, [a, e, sp.TopPLogitsWarper(0.9)])
+        assert a.last_gravity.shape == (2, 256)
+        assert sink.stacked().shape[:3] == (2, 2, 4)  # (L, B, H, S)
+    assert not tiny_llama._forward_pre_hooks and not tiny_llama.model.norm._forward_hooks
+
+
+def test_gravity_processor_matches_core(tiny_llama):
+    """The processor's adjusted scores equal log P + λ·Ĝ from the core gravity."""
+    from semviz.gravity import gravity_for_step
+    from semviz.pruning import PruneParams
+
+    ids = torch.tensor([[5, 6, 7, 7]])
+    scores = torch.randn(1, 256)
+    proc = sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.7, mass="idf")
+    g = gravity_for_step(tiny_llama, PruneParams(gravity_lambda=0.7, gravity_mass="idf"), context_ids=ids[0])
+    torch.testing.assert_close(proc(ids, scores)[0], torch.log_softmax(scores[0], -1) + 0.7 * g)

@@ -1,0 +1,198 @@
+"""Behaviour of the chain: stages, waterfall, free energy, adaptive temperature, fallback."""
+
+import math
+
+import pytest
+import torch
+
+from semviz import pruning as core
+from semviz.presets import PRESETS, get_preset
+from semviz.pruning import PruneParams, SamplerState, choose, prune
+
+
+def test_defaults_are_plain_sampling():
+    x = torch.randn(100)
+    r = prune(x, PruneParams())
+    torch.testing.assert_close(r.index_probs["final"], torch.softmax(x, -1))
+    assert r.waterfall == [] and r.n_kept == 100 and not r.greedy
+    assert math.isclose(r.entropy_sampled, r.entropy_raw, rel_tol=1e-5)
+
+
+def test_computes_in_float32_and_leaves_dtype():
+    x = torch.randn(50, dtype=torch.bfloat16)
+    r = prune(x, PruneParams(top_p=0.8))
+    assert r.index_probs["final"].dtype == torch.float32
+
+
+def test_greedy_lowest_index_on_ties_ignores_u():
+    x = torch.tensor([1.0, 3.0, 3.0, 0.0])
+    r = prune(x, PruneParams(temperature=0.0))
+    assert r.greedy and choose(r, 0.0) == 1 and choose(r, 0.99) == 1
+    assert r.entropy_sampled == 0.0
+
+
+def test_entropy_raw_and_sampled_differ_with_temperature():
+    x = torch.randn(200) * 2
+    r = prune(x, PruneParams(temperature=0.5))
+    h_t, _ = core.entropy_stats(x / 0.5)
+    assert math.isclose(r.entropy_raw, float(core.entropy_stats(x)[0]), rel_tol=1e-5)
+    assert math.isclose(r.entropy_sampled, float(h_t), rel_tol=1e-4)
+    assert r.entropy_sampled < r.entropy_raw
+    assert math.isclose(r.effective_candidates, math.exp(r.entropy_sampled))
+    assert math.isclose(r.entropy_raw_bits, r.entropy_raw / math.log(2))
+
+
+def test_intersection_of_top_k_and_top_p():
+    x = torch.log(torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1]))
+    both = prune(x, PruneParams(top_k=3, top_p=0.5)).kept
+    k = core.top_k_mask(x, 3)[0]
+    p = core.top_p_mask(x, 0.5)[0]
+    assert torch.equal(both, k & p)
+    # sequential would renormalise after top-k: 0.3/0.75 = 0.4 < 0.5 still needs 2 tokens
+    assert both.tolist() == [True, True, False, False, False]
+
+
+def test_waterfall_records_each_active_stage_in_order():
+    x = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.06, 0.04]))
+    r = prune(x, PruneParams(top_k=4, top_p=0.8, free_energy=True))
+    assert [s.name for s in r.waterfall] == ["top_k", "top_p", "free_energy"]
+    assert r.waterfall[0].n_kept == 4
+    assert math.isclose(r.waterfall[0].mass_removed, 0.04, rel_tol=1e-4)
+    assert r.waterfall[1].n_kept == 3
+    assert math.isclose(r.waterfall[1].mass_removed, 0.06 / 0.96, rel_tol=1e-4)
+    r2 = prune(x, PruneParams(top_k=2, order="llama.cpp"))
+    assert [s.name for s in r2.waterfall] == ["top_k", "temperature"]
+
+
+def test_free_energy_window_grows_with_entropy():
+    peaked = torch.log(torch.tensor([0.97, 0.01, 0.01, 0.01]))
+    flat = torch.log(torch.tensor([0.3, 0.28, 0.22, 0.2]))
+    p = PruneParams(free_energy=True)
+    assert prune(peaked, p).n_kept == 1  # decisive
+    assert prune(flat, p).n_kept == 4  # tolerant
+    # the exact rule: keep iff p(w) >= p_max * exp(-kappa * T * H)
+    x = torch.randn(300) * 2
+    for kappa, t in [(1.0, 1.0), (0.5, 0.7), (2.0, 1.5)]:
+        r = prune(x, PruneParams(free_energy=True, free_energy_kappa=kappa, temperature=t))
+        probs = torch.softmax(x, -1)
+        h = float(core.entropy_stats(x)[0])
+        expect = probs >= probs.max() * math.exp(-kappa * t * h) * (1 - 1e-5)
+        assert torch.equal(r.kept, expect) or (r.kept ^ expect).sum() <= 1
+
+
+def test_free_energy_of_chosen_set():
+    x = torch.randn(20)
+    r = prune(x, PruneParams(temperature=0.8, top_k=5))
+    q = r.index_probs["final"][r.kept].double()
+    u = -x[r.kept].double()
+    f = float((q * u).sum() - 0.8 * -(q * q.log()).sum())  # <U> - T·H
+    assert math.isclose(r.free_energy, f, rel_tol=1e-4, abs_tol=1e-4)
+
+
+def test_rerank_restricts_to_top_candidates_and_reorders():
+    x = torch.tensor([3.0, 2.9, 2.8, 0.0, -1.0])
+    g = torch.tensor([-1.0, -1.0, 2.0, 5.0, 0.0])
+    r = prune(x, PruneParams(gravity_lambda=2.0, gravity_mode="rerank", rerank_k=3), gravity=g)
+    assert r.kept.tolist() == [True, True, True, False, False]
+    assert r.argmax == 2
+    assert r.waterfall[0].name == "rerank"
+    full = prune(x, PruneParams(gravity_lambda=2.0), gravity=g)
+    assert full.argmax == 3 and full.index_probs["gravity"].argmax() == 3
+
+
+def test_adaptive_temperatures():
+    x = torch.randn(1000)
+    h = float(core.entropy_stats(x)[0])
+    r = prune(x, PruneParams(adaptive="target", target_entropy=h - 1, controller_gain=0.2))
+    assert math.isclose(r.temperature, 1.0 - 0.2 * 1.0, rel_tol=1e-4)  # sign -1: cools
+    r = prune(x, PruneParams(adaptive="target", target_entropy=h - 1, controller_sign=1))
+    assert r.temperature > 1.0
+    r = prune(x, PruneParams(adaptive="edt", edt_theta=1.0, edt_n=0.8, temperature=1.2))
+    assert math.isclose(r.temperature, 1.2 * 0.8 ** (1.0 / h), rel_tol=1e-4)
+    r = prune(x, PruneParams(adaptive="dynatemp", dynatemp_range=0.5, temperature=1.0))
+    assert math.isclose(r.temperature, 0.5 + 1.0 * h / math.log(1000), rel_tol=1e-4)
+
+
+def test_mirostat_state_per_sequence():
+    x = torch.randn(500) * 3
+    p = PruneParams(adaptive="mirostat", mirostat_tau=3.0, mirostat_eta=0.1)
+    st = SamplerState()
+    r = prune(x, p, state=st)
+    assert r.mirostat_mu == 6.0  # starts at 2·tau
+    surprise = -torch.log_softmax(x, -1) / math.log(2)
+    assert torch.equal(r.kept, surprise <= 6.0)
+    i = choose(r, 0.3, state=st)
+    q = float(r.index_probs["final"][i])
+    assert math.isclose(st.mirostat_mu, 6.0 - 0.1 * (-math.log2(q) - 3.0), rel_tol=1e-6)
+    other = st.copy()
+    choose(prune(x, p, state=other), 0.9)  # advancing a copy leaves the original alone
+    assert other.mirostat_mu != st.mirostat_mu and len(st.tokens) == 1
+
+
+def test_fallback_fires_and_records_why():
+    x = torch.randn(50)
+    p = PruneParams(gravity_lambda=50.0, fallback=True, fallback_gravity_ratio=2.0)
+    r = prune(x, p, gravity=torch.randn(50))
+    assert r.fallback and "gravity" in r.fallback
+    assert r.gravity is None and r.params.gravity_lambda == 0.0
+    torch.testing.assert_close(r.index_probs["final"], torch.softmax(x, -1))
+    st = SamplerState(tokens=[1, 2, 3, 4] * 3)
+    r = prune(x, PruneParams(fallback=True), state=st)
+    assert r.fallback and "4-gram" in r.fallback
+    peaked = torch.full((50,), -30.0)
+    peaked[0] = 30.0
+    st = SamplerState(entropies=[0.0] * 7)
+    r = prune(peaked, PruneParams(fallback=True, temperature=0.0), state=st)
+    assert r.fallback and "entropy" in r.fallback and not r.greedy  # back to sampling
+    assert prune(x, PruneParams(fallback=True), state=SamplerState()).fallback is None
+
+
+def test_tail_logsumexp_keeps_raw_probabilities_exact():
+    full = torch.randn(1000) * 2
+    top = torch.sort(full, descending=True).values
+    k = 50
+    tail = torch.logsumexp(top[k:], 0)
+    r = prune(top[:k], PruneParams(top_k=10), tail_logsumexp=tail)
+    torch.testing.assert_close(r.index_probs["raw"], torch.softmax(top, -1)[:k])
+    assert r.waterfall[0].name == "candidates"
+    assert math.isclose(r.tail_mass, float(torch.softmax(top, -1)[k:].sum()), rel_tol=1e-4)
+    assert r.entropy_raw <= float(core.entropy_stats(top)[0]) + 1e-5  # lumped tail: lower bound
+    assert r.n_kept == 10
+
+
+def test_params_validation_names_field():
+    for kw, name in [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_tokens_to_keep": 0}, "min_tokens_to_keep"),
+        ({"order": "vllm"}, "order"),
+        ({"gravity_mass": "tfidf"}, "gravity_mass"),
+        ({"controller_sign": 0}, "controller_sign"),
+        ({"edt_n": 1.5}, "edt_n"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            PruneParams(**kw)
+    with pytest.raises(ValueError, match="bogus"):
+        PruneParams.from_dict({"temperature": 1.0, "bogus": 1})
+    p = PruneParams(gravity_layers=[1, 2])
+    assert p.gravity_layers == (1, 2) and PruneParams.from_dict(p.to_dict()) == p
+
+
+def test_bad_logits_rejected():
+    with pytest.raises(ValueError, match="1-D"):
+        prune(torch.zeros(2, 3), PruneParams())
+    with pytest.raises(ValueError, match="finite"):
+        prune(torch.full((3,), float("-inf")), PruneParams())
+    with pytest.raises(ValueError, match="u must"):
+        choose(prune(torch.zeros(3), PruneParams()), 1.0)
+
+
+def test_presets():
+    assert set(PRESETS) == {"code", "story", "qa", "brainstorm"}
+    for name, p in PRESETS.items():
+        assert p.name == name and isinstance(p.params, PruneParams)
+        assert p.why and "\n" not in p.why and p.explanation and p.example_prompt
+        prune(torch.randn(100), p.params, gravity=torch.randn(100), state=SamplerState())
+    with pytest.raises(ValueError, match="story"):
+        get_preset("poem")
