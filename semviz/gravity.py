@@ -48,16 +48,27 @@ def _unit_rows(x: Tensor) -> Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(_EPS)
 
 
-def pull_vector(context: Tensor, mass: Tensor, sim: Sim = "cosine") -> Tensor:
-    """``Σ_i m_i t_i`` (dot) or ``Σ_i m_i t̂_i`` (cosine): context (..., N, d), mass (..., N) -> (..., d)."""
+def pull_vector(
+    context: Tensor, mass: Tensor, sim: Sim = "cosine", *, normalized: bool = False
+) -> Tensor:
+    """``Σ_i m_i t_i`` (dot) or ``Σ_i m_i t̂_i`` (cosine): context (..., N, d), mass (..., N) -> (..., d).
+
+    ``normalized=True`` says the context rows are already unit vectors.
+    """
     ctx = context.float()
-    if sim == "cosine":
+    if sim == "cosine" and not normalized:
         ctx = _unit_rows(ctx)
     return (mass.float().unsqueeze(-2) @ ctx).squeeze(-2)  # (..., d)
 
 
 def gravity_potential(
-    cand: Tensor, context: Tensor, mass: Tensor, sim: Sim = "cosine", *, normalized: bool = False
+    cand: Tensor,
+    context: Tensor,
+    mass: Tensor,
+    sim: Sim = "cosine",
+    *,
+    normalized: bool = False,
+    context_normalized: bool = False,
 ) -> Tensor:
     """Raw gravity ``G(w) = Σ_i m_i·sim(w, t_i)`` for every candidate row.
 
@@ -87,7 +98,7 @@ def gravity_potential(
     c = cand.float()
     if sim == "cosine" and not normalized:
         c = _unit_rows(c)
-    v = pull_vector(context, mass, sim)  # (d,)
+    v = pull_vector(context, mass, sim, normalized=context_normalized)  # (d,)
     return c @ v  # (V,)
 
 
@@ -260,7 +271,11 @@ def gravity_for_step(
     """
     space, sim = params.gravity_space, params.gravity_sim
     cand = candidate_matrix(model, space, sim)  # (V, d)
-    ctx = context_vectors(model, space, context_ids=context_ids, hidden=hidden)  # (N, d)
+    if space == "embedding" and context_ids is not None:
+        # same space and matrix: the context rows are rows of the cached candidates
+        ctx = cand[context_ids.long().flatten()]  # (N, d), unit rows for cosine
+    else:
+        ctx = context_vectors(model, space, context_ids=context_ids, hidden=hidden)  # (N, d)
     mass = context_mass(
         params.gravity_mass,
         attention=attention,
@@ -270,10 +285,12 @@ def gravity_for_step(
         ema_decay=params.ema_decay,
         context_ids=context_ids,
         embed=_weight(model, "embedding") if params.gravity_mass == "norm" else None,
-        vectors=ctx if params.gravity_mass == "norm" and space == "embedding" else None,
+        vectors=None,
         n=ctx.shape[0],
     )  # (N,)
     if params.gravity_mass == "ema" and state is not None:
         state.attention_ema = mass
-    g = gravity_potential(cand, ctx, mass, sim, normalized=True)  # (V,)
+    g = gravity_potential(
+        cand, ctx, mass, sim, normalized=True, context_normalized=space == "embedding"
+    )  # (V,)
     return normalize_gravity(g) if normalize else g

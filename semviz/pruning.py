@@ -441,9 +441,9 @@ def entropy_stats(logits: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
     x = logits.float()
     logp = torch.log_softmax(x, dim=dim)  # (..., V)
     p = logp.exp()
-    logp0 = torch.where(p > 0, logp, torch.zeros_like(logp))
+    logp0 = torch.where(p > 0, logp, 0.0)  # (..., V) 0·(-inf) -> 0
     h = -(p * logp0).sum(dim)  # (...)
-    var = (p * (logp0 + h.unsqueeze(dim)) ** 2).sum(dim)  # (...)
+    var = (p * (logp0 + h.unsqueeze(dim)).square()).sum(dim)  # centred: no cancellation
     return h.clamp_min(0.0), var.clamp_min(0.0)
 
 
