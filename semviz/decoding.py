@@ -373,7 +373,12 @@ class Decoder:
         token: int,
         u: float,
     ) -> StepRecord:
-        cand, tail_lse = top_candidates(logits, self.settings.record_k)  # (K,)
+        final = result.index_probs["final"]  # (V,)
+        kept = (final > 0).nonzero()[:, 0]  # (n_kept,)
+        if kept.numel() > self.settings.record_k:  # a wide set: the raw top-K covers it
+            kept = kept[:0]
+        must = torch.cat([kept, torch.tensor([token])])  # the chosen token is always recorded
+        cand, tail_lse = top_candidates(logits, self.settings.record_k, include=must)  # (K',)
         lse = torch.logsumexp(logits, 0)
         hit = (cand == token).nonzero()
         stage_probs = {
@@ -469,7 +474,9 @@ class Decoder:
         self.trace.steps = kept
 
 
-def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
+def top_candidates(
+    logits: torch.Tensor, k: int, include: torch.Tensor | None = None
+) -> tuple[torch.Tensor, float]:
     """The ``k`` largest logits' ids, descending, ties by lower id; and the rest's logsumexp.
 
     Equal to the first ``k`` of a stable descending sort, without sorting the vocabulary:
@@ -479,10 +486,13 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
     Parameters
     ----------
     logits : (V,) float32
+    include : (E,) ids that must be in the set as well (tokens the final distribution kept
+        that lie below the raw top-k, which strong gravity can promote); they sort in by
+        their raw logit, so the set stays ordered by raw logit.
 
     Returns
     -------
-    ids : (K,) long, K = min(k, V)
+    ids : (K',) long, K' = min(k, V) plus any ``include`` ids outside the top k
     tail_lse : logsumexp of the logits not in ``ids`` (-inf when there are none)
     """
     V = logits.numel()
@@ -491,13 +501,16 @@ def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
     above = (logits > kth).nonzero()[:, 0]  # (A,)
     ties = (logits == kth).nonzero()[:, 0][: k - above.numel()]  # ascending ids
     ids = torch.cat([above, ties])  # (K,)
+    member = torch.zeros(V, dtype=torch.bool, device=logits.device)
+    member[ids] = True
+    if include is not None and include.numel():
+        member[include] = True
+        ids = member.nonzero()[:, 0]
     ids = ids[torch.sort(ids).indices]  # by id, so the stable sort below breaks ties by id
     ids = ids[torch.sort(logits[ids], descending=True, stable=True).indices]
-    if k == V:
+    if ids.numel() == V:
         return ids, float("-inf")
-    rest = torch.ones(V, dtype=torch.bool, device=logits.device)
-    rest[ids] = False
-    return ids, float(torch.logsumexp(logits[rest], 0))
+    return ids, float(torch.logsumexp(logits[~member], 0))
 
 
 def _stack_layers(sink: AttentionSink) -> torch.Tensor:

@@ -24,8 +24,11 @@ def test_step_records_have_documented_shapes(tiny_lm):
     for i, r in enumerate(recs):
         S = n_prompt + i  # tokens fed when these logits were computed
         assert r.index == i and r.position == n_prompt + i
-        assert r.cand_ids.shape == (256,) and r.cand_ids.dtype == torch.int32
-        assert r.cand_logits.shape == (256,) and r.cand_logits.dtype == torch.float32
+        # the raw top 256, plus the chosen token if sampling went below them
+        K = r.cand_ids.shape[0]
+        assert K in (256, 257) and r.cand_ids.dtype == torch.int32
+        assert r.cand_logits.shape == (K,) and r.cand_logits.dtype == torch.float32
+        assert r.chosen_rank >= 0 and int(r.cand_ids[r.chosen_rank]) == r.token_id
         assert torch.all(r.cand_logits[:-1] >= r.cand_logits[1:])
         assert r.top_ids.shape == (64,) and r.top_probs.shape == (64,)
         assert r.attention.shape == (cfg.num_hidden_layers, cfg.num_attention_heads, S)
@@ -35,7 +38,7 @@ def test_step_records_have_documented_shapes(tiny_lm):
         # 2 (K and V) · layers · kv_heads · head_dim · 4 bytes per cached token
         assert r.cache_bytes == 2 * 2 * 2 * 16 * 4 * S
         assert set(r.stage_probs) >= {"raw", "final"}
-        assert all(p.shape == (256,) for p in r.stage_probs.values())
+        assert all(p.shape == (K,) for p in r.stage_probs.values())
         assert r.entropy > 0 and r.varentropy >= 0
         assert 0.0 <= r.u < 1.0 and r.t_forward > 0 and r.t_semviz > 0
         assert r.token_text == tiny_lm.tokenizer.decode([r.token_id])
