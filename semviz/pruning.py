@@ -601,7 +601,11 @@ def _cutoff_mask(x: Tensor, remove: Tensor, min_tokens_to_keep: int, tie_rule: s
 
 
 def free_energy_mask(
-    scores: Tensor, temperature: float, kappa: float = 1.0, min_tokens_to_keep: int = 1
+    scores: Tensor,
+    temperature: float,
+    kappa: float = 1.0,
+    min_tokens_to_keep: int = 1,
+    entropy: Tensor | float | None = None,
 ) -> Tensor:
     """Free-energy criterion (seed §4.4): keep ``w`` iff ``U(w) - U_min <= kappa·T·H``.
 
@@ -618,7 +622,7 @@ def free_energy_mask(
     scores : (B, V) adjusted scores; ``-inf`` marks tokens already removed.
     """
     s = _2d(scores).float()
-    h, _ = entropy_stats(s)  # (B,)
+    h = entropy_stats(s)[0] if entropy is None else torch.as_tensor(entropy).reshape(-1)  # (B,)
     window = kappa * temperature * h  # (B,)
     gap = s.amax(-1, keepdim=True) - s  # (B, V) U(w) - U_min
     keep = gap <= window[..., None]
@@ -641,7 +645,9 @@ def mirostat_mask(x: Tensor, mu: float | Tensor, min_tokens_to_keep: int = 1) ->
 # --------------------------------------------------------------------------------------------
 
 
-def adaptive_temperature(params: PruneParams, scores: Tensor) -> float:
+def adaptive_temperature(
+    params: PruneParams, scores: Tensor, entropy: float | None = None
+) -> float:
     """Effective temperature for this step from the entropy of ``softmax(scores)`` (nats).
 
     - ``target`` (seed §5.2): ``T = clip(T0 + sign·gain·(H - H*), t_min, t_max)``;
@@ -656,7 +662,7 @@ def adaptive_temperature(params: PruneParams, scores: Tensor) -> float:
     mode = params.adaptive
     if mode in ("none", "mirostat") or t0 == 0.0:
         return t0
-    h = float(entropy_stats(scores)[0])
+    h = float(entropy_stats(scores)[0]) if entropy is None else entropy
     if mode == "target":
         t = t0 + params.controller_sign * params.controller_gain * (h - params.target_entropy)
         return min(max(t, params.adaptive_t_min), params.adaptive_t_max)
@@ -836,6 +842,7 @@ def prune(
             s = x + eff.gravity_lambda * g
             waterfall.append(Stage("gravity", int(alive.sum()), 0.0))
     p_grav = torch.softmax(s, -1)  # (K,)
+    h_s = float(entropy_stats(s)[0]) if (eff.free_energy or eff.adaptive != "none") else None
 
     # -- temperature -----------------------------------------------------------------------
     greedy = eff.temperature == 0.0
@@ -843,7 +850,7 @@ def prune(
     if greedy:
         t = 0.0
     elif eff.order == "hf" or eff.adaptive != "dynatemp":
-        t = adaptive_temperature(eff, s)
+        t = adaptive_temperature(eff, s, h_s)
     else:
         t = float("nan")  # llama.cpp dynatemp: decided on the survivors below
     greedy = greedy or t < T_GREEDY  # NaN (decided later) compares False
@@ -862,13 +869,15 @@ def prune(
 
     # -- filters ---------------------------------------------------------------------------
     block_in = s / t if eff.order == "hf" else s  # (K,) what the filters look at
-    filters = _filters(eff, eff.temperature if math.isnan(t) else t)
+    filters = _filters(eff, eff.temperature if math.isnan(t) else t, h_s)
     cur = alive.clone()
+    p_block = torch.softmax(_masked(block_in, alive), -1) if filters else None  # (K,)
     for name, fn in filters:
         src = _masked(block_in, cur) if eff.combine == "sequential" else _masked(block_in, alive)
         keep = fn(src, s)[0]
         after = cur & keep
-        waterfall.append(_stage(name, torch.softmax(_masked(block_in, cur), -1), cur, after))
+        # mass ratios are the same in any renormalisation, so one softmax serves every stage
+        waterfall.append(_stage(name, p_block, cur, after))
         cur = after
     if int(cur.sum()) < eff.min_tokens_to_keep:
         # filters protect different "best" tokens (typical's are not top-k's), so an
@@ -906,7 +915,7 @@ def prune(
     )  # fmt: skip
 
 
-def _filters(p: PruneParams, t: float):
+def _filters(p: PruneParams, t: float, h_s: float | None):
     """Active filters in chain order, each ``fn(block_logits (K,), scores (K,)) -> (1, K)``."""
     m, tie = p.min_tokens_to_keep, p.tie_rule
     out = []
@@ -926,9 +935,11 @@ def _filters(p: PruneParams, t: float):
 
         def fe(x: Tensor, s: Tensor) -> Tensor:
             # same removals as x, but on the T = 1 energies
-            return free_energy_mask(
-                s.masked_fill(torch.isneginf(x), NEG_INF), t, p.free_energy_kappa, m
-            )
+            removed = torch.isneginf(x)
+            # the entropy of softmax(s) is shared with the temperature stage unless earlier
+            # filters removed tokens from what this one sees (sequential mode)
+            h = h_s if p.combine == "intersection" or not removed.any() else None
+            return free_energy_mask(s.masked_fill(removed, NEG_INF), t, p.free_energy_kappa, m, h)
 
         out.append(("free_energy", fe))
     return out
@@ -938,7 +949,7 @@ def _result(
     eff, params, p_raw, p_grav, p_temp, final, kept, waterfall, h_raw, v_raw, t,
     s, g, reason, dominance, tail_mass, arg, mirostat_mu, state, greedy,
 ) -> PruneResult:  # fmt: skip
-    h_s, _ = entropy_stats(torch.log(final))
+    h_s, _ = entropy_stats(torch.log(final[kept]))  # kept entries only: often few
     return PruneResult(
         index_probs={"raw": p_raw, "gravity": p_grav, "temperature": p_temp, "final": final},
         kept=kept,
