@@ -13,7 +13,9 @@ def brute(cand, ctx, mass, sim):
     out = torch.zeros(cand.shape[0], dtype=torch.float64)
     for i in range(ctx.shape[0]):
         if sim == "cosine":
-            s = torch.nn.functional.cosine_similarity(cand.double(), ctx[i].double()[None], dim=-1, eps=1e-8)
+            s = torch.nn.functional.cosine_similarity(
+                cand.double(), ctx[i].double()[None], dim=-1, eps=1e-8
+            )
         else:
             s = cand.double() @ ctx[i].double()
         out += mass[i].double() * s
@@ -37,7 +39,9 @@ def test_gravity_with_cached_unit_rows(tiny_llama):
     emb = tiny_llama.get_input_embeddings().weight.detach()
     mass = gv.context_mass("idf", context_ids=ids)
     got = gv.gravity_potential(cand, emb[ids], mass, "cosine", normalized=True)
-    torch.testing.assert_close(got.double(), brute(emb, emb[ids], mass, "cosine"), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got.double(), brute(emb, emb[ids], mass, "cosine"), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_normalize_gravity_zscore():
@@ -89,7 +93,9 @@ def test_candidate_cache_keyed_per_model(tiny_llama):
 def test_hidden_space_uses_lm_head_rows(tiny_llama):
     """Dot gravity in hidden space with all mass on one position is that position's logits."""
     h = torch.randn(3, 64)
-    p = PruneParams(gravity_lambda=1.0, gravity_space="hidden", gravity_sim="dot", gravity_mass="attention")
+    p = PruneParams(
+        gravity_lambda=1.0, gravity_space="hidden", gravity_sim="dot", gravity_mass="attention"
+    )
     attn = torch.zeros(2, 4, 3)
     attn[..., 2] = 1.0
     g = gv.gravity_for_step(tiny_llama, p, attention=attn, hidden=h, normalize=False)

@@ -47,7 +47,9 @@ def test_warpers_equal_transformers(name, make_hf, ours, mask_fn, args, min_keep
 def test_temperature_equals_transformers():
     x = _rows(7)
     for t in [0.1, 0.7, 1.0, 2.5]:
-        assert torch.equal(sp.TemperatureLogitsWarper(t)(None, x), hf.TemperatureLogitsWarper(t)(None, x))
+        assert torch.equal(
+            sp.TemperatureLogitsWarper(t)(None, x), hf.TemperatureLogitsWarper(t)(None, x)
+        )
 
 
 def test_sequential_chain_equals_hf_generate_chain():

@@ -64,10 +64,22 @@ def test_no_processor_modifies_its_input(b, seed):
         (lambda: sp.EntropyAdaptiveTemperatureLogitsWarper("warm"), "mode"),
         (lambda: sp.EntropyAdaptiveTemperatureLogitsWarper(target_entropy=-1.0), "target_entropy"),
         (lambda: sp.NarrativeGravityLogitsProcessor(), "model"),
-        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), mass="attention"), "attention_sink"),
-        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), mass="tfidf"), "gravity_mass"),
-        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), sim="l2"), "gravity_sim"),
-        (lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), rerank_k=0), "rerank_k"),
+        (
+            lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), mass="attention"),
+            "attention_sink",
+        ),
+        (
+            lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), mass="tfidf"),
+            "gravity_mass",
+        ),
+        (
+            lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), sim="l2"),
+            "gravity_sim",
+        ),
+        (
+            lambda: sp.NarrativeGravityLogitsProcessor(embedding=torch.eye(3), rerank_k=0),
+            "rerank_k",
+        ),
     ],
 )
 def test_init_validates_and_names_argument(make, arg):
@@ -111,7 +123,9 @@ def test_every_processor_runs_in_generate(tiny_llama):
 
 def test_attention_and_hidden_gravity_in_generate(tiny_llama):
     with sp.capture_attention(tiny_llama) as sink, sp.capture_hidden(tiny_llama) as hs:
-        a = sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.5, mass="attention", attention_sink=sink)
+        a = sp.NarrativeGravityLogitsProcessor(
+            tiny_llama, 0.5, mass="attention", attention_sink=sink
+        )
         e = sp.NarrativeGravityLogitsProcessor(
             tiny_llama, 0.5, mass="ema", space="hidden", attention_sink=sink, hidden_sink=hs,
             mode="rerank", rerank_k=16,
@@ -130,5 +144,7 @@ def test_gravity_processor_matches_core(tiny_llama):
     ids = torch.tensor([[5, 6, 7, 7]])
     scores = torch.randn(1, 256)
     proc = sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.7, mass="idf")
-    g = gravity_for_step(tiny_llama, PruneParams(gravity_lambda=0.7, gravity_mass="idf"), context_ids=ids[0])
+    g = gravity_for_step(
+        tiny_llama, PruneParams(gravity_lambda=0.7, gravity_mass="idf"), context_ids=ids[0]
+    )
     torch.testing.assert_close(proc(ids, scores)[0], torch.log_softmax(scores[0], -1) + 0.7 * g)

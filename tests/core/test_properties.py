@@ -123,7 +123,9 @@ def test_context_independent_similarity_changes_nothing(x, p, c):
     # unnormalised constant gravity too: a shift of every score
     a2 = core.prune(x, p, gravity=torch.full(x.shape, c))
     assert torch.equal(a2.kept, b.kept)
-    torch.testing.assert_close(a2.index_probs["final"], b.index_probs["final"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        a2.index_probs["final"], b.index_probs["final"], atol=1e-5, rtol=1e-4
+    )
 
 
 @settings(max_examples=150, deadline=None)
