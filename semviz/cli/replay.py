@@ -1,0 +1,132 @@
+"""``python -m semviz replay trace.json --temperature … --gravity-lambda …``.
+
+Re-prunes the recorded steps with new settings through the same core the app's sliders use,
+without running the model (the model is loaded only when the new settings need a gravity
+the trace did not record). Prints, per step, the new kept-set size, the new entropy and the
+token that would be chosen, and the first step at which the choice changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from semviz.cli import common
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("replay", help="re-prune a recorded trace with new settings (no model run)")
+    p.add_argument("trace", help="a trace JSON written by `semviz trace` or the app")
+    p.add_argument("--json", action="store_true", help="print the per-step table as JSON")
+    p.add_argument("--show", type=int, default=5, help="kept tokens listed per step (default 5)")
+    common.add_model_args(p)
+    common.add_prune_args(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from semviz.model import DEFAULT_MODEL
+    from semviz.pruning import PruneParams
+    from semviz.replay import _needs_new_gravity, replay
+    from semviz.trace import Trace
+
+    trace = Trace.load(args.trace)
+    recorded = PruneParams.from_dict(trace.settings.get("params", {}))
+    params = common.params_from_args(args, base=recorded)
+    model = None
+    if _needs_new_gravity(trace, params):
+        if args.model is None and trace.model.get("name") != DEFAULT_MODEL:
+            raise ValueError(
+                "these gravity settings were not recorded and need the model's embeddings: "
+                "pass --model with the model the trace was made with"
+            )
+        model = common.load(args).model
+    t0 = time.perf_counter()
+    r = replay(trace, params, model=model)
+    seconds = time.perf_counter() - t0
+    rows = []
+    for i, (rec, res, new_id) in enumerate(zip(trace.steps, r.results, r.token_ids, strict=True)):
+        kept = res.index_probs["final"]
+        top = kept.argsort(descending=True)[: args.show]
+        rows.append(
+            {
+                "step": i,
+                "recorded_token": rec.token_text,
+                "token": _text(trace, rec, new_id),
+                "changed": new_id != rec.token_id,
+                "n_kept": res.n_kept,
+                "recorded_n_kept": rec.n_kept,
+                "entropy_sampled": res.entropy_sampled,
+                "recorded_entropy_sampled": rec.entropy_sampled,
+                "temperature": res.temperature,
+                "fallback": res.fallback,
+                "kept_top": [
+                    [_text(trace, rec, int(rec.cand_ids[j])), float(kept[j])]
+                    for j in top.tolist()
+                    if kept[j] > 0
+                ],
+            }
+        )
+    out = {
+        "trace": args.trace,
+        "steps": len(rows),
+        "first_divergence": r.first_diff,
+        "replay_seconds": seconds,
+        "note": r.note,
+        "params": params.to_dict(),
+        "rows": rows,
+    }
+    if args.json:
+        common.print_json(out)
+        return 0
+    print(f"{'step':>4}  {'recorded':>14}  {'replayed':>14}  {'kept':>6}  {'H_sampled':>9}  T")
+    for row in rows:
+        mark = "*" if row["changed"] else " "
+        print(
+            f"{row['step']:4d}{mark} {row['recorded_token']!r:>14}  {row['token']!r:>14}  "
+            f"{row['n_kept']:6d}  {max(row['entropy_sampled'], 0.0):9.3f}  {row['temperature']:.2f}"
+        )
+    fd = r.first_diff
+    print(
+        f"first divergence: {'none' if fd is None else f'step {fd}'}; "
+        f"{len(rows)} steps replayed in {seconds * 1e3:.1f} ms"
+        + (f"; note: {r.note}" if r.note else "")
+    )
+    return 0
+
+
+def _text(trace, rec, token_id: int) -> str:
+    """Token text from the trace itself (recorded steps), else the model-free id."""
+    if token_id == rec.token_id:
+        return rec.token_text
+    for s in trace.steps:
+        if s.token_id == token_id:
+            return s.token_text
+    return _decode(trace, token_id)
+
+
+def _decode(trace, token_id: int) -> str:
+    tok = _tokenizer(trace)
+    return tok.decode([token_id]) if tok is not None else f"<{token_id}>"
+
+
+_TOK: dict = {}
+
+
+def _tokenizer(trace):
+    """The tokenizer (cheap to load, no model weights) for showing counterfactual tokens."""
+    name = trace.model.get("name")
+    if name in _TOK:
+        return _TOK[name]
+    tok = None
+    try:
+        from transformers import AutoTokenizer
+
+        from semviz.model import DEFAULT_MODEL, ensure_default_converted
+
+        if name == DEFAULT_MODEL:
+            tok = AutoTokenizer.from_pretrained(ensure_default_converted())
+    except Exception:  # a missing tokenizer only costs the pretty token text
+        tok = None
+    _TOK[name] = tok
+    return tok
