@@ -876,19 +876,19 @@ def prune(
         src = _masked(block_in, cur) if eff.combine == "sequential" else _masked(block_in, alive)
         keep = fn(src, s)[0]
         after = cur & keep
+        need = min(eff.min_tokens_to_keep, int(cur.sum()))
+        if int(after.sum()) < need:
+            # filters protect different "best" tokens (typical's are not top-k's), so an
+            # intersection can come up short: top up with the stage's most probable
+            # inputs, in stable order, so no stage leaves fewer than min_tokens_to_keep.
+            order = stable_head(_masked(block_in, cur), need + int(after.sum()))
+            for i in order.tolist():
+                if int(after.sum()) >= need:
+                    break
+                after[i] = True
         # mass ratios are the same in any renormalisation, so one softmax serves every stage
         waterfall.append(_stage(name, p_block, cur, after))
         cur = after
-    if int(cur.sum()) < eff.min_tokens_to_keep:
-        # filters protect different "best" tokens (typical's are not top-k's), so an
-        # intersection can come up short: top up with the most probable survivors of
-        # the gravity stage, in stable order.
-        need = min(eff.min_tokens_to_keep, int(alive.sum()))
-        order = stable_head(_masked(block_in, alive), need + int(cur.sum()))
-        for i in order.tolist():
-            if int(cur.sum()) >= need:
-                break
-            cur[i] = True
 
     if eff.order == "llama.cpp":
         if eff.adaptive == "dynatemp":
