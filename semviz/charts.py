@@ -516,14 +516,17 @@ def attention_flow(
     return _layout(fig, None, 420)
 
 
-def gravity_terms_figure(labels: Sequence[str], terms: np.ndarray, top: int = 20) -> go.Figure:
+def gravity_terms_figure(
+    labels: Sequence[str], terms: np.ndarray, top: int = 20, positions: Sequence[int] | None = None
+) -> go.Figure:
     """The terms ``m_i·sim(w, t_i)`` of G for the chosen token, largest |term| first."""
     terms = np.asarray(terms, float)
+    pos = list(range(len(terms))) if positions is None else [int(p) for p in positions]
     order = np.argsort(-np.abs(terms), kind="stable")[:top]
     order = order[::-1]
     fig = go.Figure(
         go.Bar(
-            x=terms[order], y=[f"{int(i)}:{_show(labels[i])}" for i in order], orientation="h",
+            x=terms[order], y=[f"{pos[i]}:{_show(labels[i])}" for i in order], orientation="h",
             marker_color=["#2ca02c" if terms[i] >= 0 else "#d62728" for i in order],
             hovertemplate="%{y}<br>m·sim = %{x:.5f}<extra></extra>",
         )

@@ -25,6 +25,13 @@ MASS_SOURCES = ("attention", "ema", "uniform", "idf", "norm")
 SIMILARITIES = ("cosine", "dot")
 GRAVITY_SPACES = ("embedding", "hidden")
 GRAVITY_MODES = ("full", "rerank")
+CHOICES = {
+    "adaptive": ADAPTIVE_MODES,
+    "gravity_mass": MASS_SOURCES,
+    "gravity_sim": SIMILARITIES,
+    "gravity_space": GRAVITY_SPACES,
+    "gravity_mode": GRAVITY_MODES,
+}
 DEFAULT_PROMPT = "Write one sentence about the sea."
 
 
@@ -142,9 +149,12 @@ class Settings:
             if f.name in qp:
                 raw = qp[f.name]
                 try:
-                    kw[f.name] = _coerce(getattr(base, f.name), raw)
+                    v = _coerce(getattr(base, f.name), raw)
                 except (TypeError, ValueError):
                     continue
+                if f.name in CHOICES and v not in CHOICES[f.name]:
+                    continue
+                kw[f.name] = v
         return replace(base, **kw)
 
 

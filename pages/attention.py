@@ -1,0 +1,61 @@
+"""Attention & gravity: where the last query looked, how that moved, and what pulled the token."""
+
+import streamlit as st
+
+from semviz import charts
+from ui import analysis, page
+from ui.errors import guard
+
+WINDOW = 256  # context positions shown unbinned when windowing a long context
+
+ctx = page.context("Attention & gravity", icon="🧲")
+if page.need_trace(ctx):
+    i = page.step_selector(ctx)
+    rec = ctx.steps[i]
+    tr = ctx.trace
+    summary = tr.model
+    L, H = int(summary.get("num_layers", 1)), int(summary.get("num_heads", 1))
+    c1, c2, c3 = st.columns([2, 2, 3])
+    layers = c1.multiselect("Layers (empty: all)", list(range(L)), key="att_layers")
+    heads = c2.multiselect("Heads (empty: mean of all)", list(range(H)), key="att_heads")
+    S = rec.cache_len
+    window = None
+    if S > WINDOW:
+        view = c3.segmented_control(
+            "Long context", ["binned", "window"], default="binned", key="att_view",
+            help=f"{S} cached positions: bin them, or show {WINDOW} at full resolution.",
+        )  # fmt: skip
+        if view == "window":
+            start = c3.slider("Window start", 0, S - WINDOW, S - WINDOW, key="att_win")
+            window = (start, start + WINDOW)
+    if rec.attention is None:
+        st.info("This run did not capture attention.")
+    else:
+        st.subheader(f"Step {i}: attention of the last query, layers × context")
+        labels = ctx.context_labels(rec.cache_positions.tolist())
+        fig = charts.attention_heatmap(
+            rec.attention.float().numpy(), labels, layers=layers, heads=heads, window=window
+        )
+        st.plotly_chart(fig, key="att_heatmap")
+        st.subheader("Where the mass moved, step by step")
+        n_pos = len(tr.prompt_ids) + len(tr.steps)
+        fig = charts.attention_flow(tr.steps, n_positions=n_pos, layers=layers, heads=heads)
+        st.plotly_chart(fig, key="att_flow")
+    st.subheader(f"What pulled {rec.token_text!r}: the terms of G")
+    params = ctx.params
+    dec = ctx.decoder
+    if params is None or dec is None:
+        st.info("Fix the sampling settings to see the gravity terms.")
+    else:
+        with guard("computing gravity terms"):
+            pos, terms = analysis.gravity_terms(
+                dec.lm.model, tr, i, rec.token_id, params, hidden=dec.hidden
+            )
+            labels = ctx.context_labels(pos.tolist())
+            fig = charts.gravity_terms_figure(labels, terms, positions=pos.tolist())
+            st.plotly_chart(fig, key="att_terms")
+            st.caption(
+                f"G(w) = Σ m_i·sim(w, t_i) = {terms.sum():.4f} with mass **{params.gravity_mass}**, "
+                f"similarity **{params.gravity_sim}**; λ = {params.gravity_lambda:g} scales its "
+                "z-scored value into the score. Green pulled the token, red pushed it away."
+            )

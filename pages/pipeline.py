@@ -1,0 +1,105 @@
+"""Pipeline: tokenisation → prefill → KV cache → logits → sampling chain, measured live."""
+
+import numpy as np
+import streamlit as st
+
+from semviz import charts
+from semviz.decoding import encode_prompt
+from ui import analysis, page
+from ui.errors import guard
+
+ctx = page.context("Pipeline", icon="🛠️")
+lm = ctx.lm if ctx.lm is not None else (ctx.decoder.lm if ctx.decoder is not None else None)
+if lm is None:
+    st.info("Load a model (sidebar) to see its pipeline.")
+    st.stop()
+
+summary = lm.summary()
+st.subheader("1 · Tokenisation: the prompt as subword tokens")
+ids = None
+with guard("tokenising the prompt"):
+    ids = encode_prompt(lm, ctx.settings.prompt, ctx.settings.chat)
+if ids is not None:
+    texts = ctx.labels(ids)
+    n_chars = len(ctx.settings.prompt)
+    m = st.columns(4)
+    m[0].metric("characters (typed)", f"{n_chars:,}")
+    m[1].metric("tokens (model input)", f"{len(ids):,}")
+    m[2].metric("characters per token", f"{n_chars / max(len(ids), 1):.2f}")
+    m[3].metric("vocabulary", f"{summary['vocab_size']:,}")
+    chips = " ".join(
+        f'<span title="id {i}" style="display:inline-block;margin:2px;padding:1px 4px;'
+        f"border-radius:4px;background:hsl({(k * 47) % 360},70%,88%);font-family:monospace;"
+        f'font-size:13px">{t.replace("<", "&lt;").replace(chr(10), "↵") or "∅"}'
+        f'<sub style="color:#666"> {i}</sub></span>'
+        for k, (i, t) in enumerate(zip(ids[:400], texts[:400], strict=False))
+    )
+    more = f" … {len(ids) - 400} more" if len(ids) > 400 else ""
+    st.html(f'<div style="line-height:2.1">{chips}{more}</div>')
+    if ctx.settings.chat:
+        st.caption("The chat template adds the role markers around the typed text.")
+
+st.subheader("2 · Prefill once, then one token per forward")
+dec = ctx.decoder
+if dec is None or not ctx.steps:
+    st.info("Generate a few tokens to compare prefill with decode.")
+else:
+    tr = dec.trace
+    decode = [s.t_forward for s in tr.steps[1:]]  # step 0's logits come from the prefill
+    st.plotly_chart(
+        charts.timing_figure(tr.prefill_seconds, len(tr.prompt_ids), decode), key="pipe_timing"
+    )
+    med = float(np.median(decode)) if decode else float("nan")
+    st.caption(
+        f"Prefill read {len(tr.prompt_ids)} tokens in {1e3 * tr.prefill_seconds:.1f} ms "
+        f"({1e3 * tr.prefill_seconds / max(len(tr.prompt_ids), 1):.2f} ms per token, all in "
+        f"parallel); each decode forward reads one token and takes {1e3 * med:.1f} ms (median)."
+    )
+
+st.subheader("3 · KV cache size: formula vs measured")
+el = lm.dtype.itemsize
+bpt = analysis.bytes_per_token(summary, el)
+st.latex(
+    rf"2 \cdot {summary['num_layers']}\,\text{{layers}} \cdot {summary['num_kv_heads']}\,"
+    rf"\text{{kv heads}} \cdot {summary['head_dim']}\,\text{{head dim}} \cdot {el}\,"
+    rf"\text{{bytes}} = {bpt:,}\ \text{{bytes per token}}"
+)
+if dec is not None and ctx.steps:
+    last = dec.trace.steps[-1]
+    predicted = bpt * last.cache_len
+    ok = "matches" if predicted == last.cache_bytes else "differs from"
+    st.write(
+        f"At the last step the cache holds **{last.cache_len}** positions: formula "
+        f"{predicted:,} bytes {ok} the measured **{last.cache_bytes:,}** bytes "
+        f"({summary['num_heads']} query heads share {summary['num_kv_heads']} KV heads)."
+    )
+
+st.subheader("4 · Prefill time vs prompt length")
+limit = min(lm.max_context - 1, 2048)
+lengths = [n for n in (32, 128, 256, 512, 1024, 1536, 2048) if n <= limit]
+if st.button(
+    "Measure prefill times",
+    key="pipe_measure",
+    help="Runs the model on prompts of several lengths.",
+):
+    bar = st.progress(0.0, text="measuring…")
+
+    def tick(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"measuring… {done}/{total}")
+
+    with guard("measuring prefill"):
+        ctx.sess.prefill_scan = analysis.prefill_scan(lm, lengths, on_progress=tick)
+        bar.empty()
+if ctx.sess.prefill_scan:
+    n, s = ctx.sess.prefill_scan
+    st.plotly_chart(charts.prefill_scaling_figure(n, s), key="pipe_prefill")
+    st.caption(
+        "Attention compares every token with every earlier one, so prefill grows as n² "
+        "once the prompt is long; the MLPs and projections grow as n."
+    )
+else:
+    st.caption(f"Press the button to time prefill at {', '.join(map(str, lengths))} tokens.")
+
+st.subheader("5 · The sampling chain, in the order the live settings run it")
+if ctx.params is not None:
+    st.plotly_chart(charts.chain_figure(ctx.params), key="pipe_chain")

@@ -1,0 +1,42 @@
+"""AppTest fixtures: the app on the tiny random Llama (``SEMVIZ_MODEL``), with a short run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+TIMEOUT = 120
+
+
+@pytest.fixture()
+def app(tiny_dir, monkeypatch):
+    """A fresh session of the app on the tiny model (no steps yet)."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def run_steps(at, n: int):
+    """Press Run n and let the play ticks finish (each at.run() is one tick)."""
+    at.session_state["s_run_n"] = n
+    at.run()
+    at.button(key="btn_run").click().run()
+    for _ in range(4 * n + 10):
+        if not at.session_state["semviz"].playing:
+            break
+        at.run()
+    assert not at.session_state["semviz"].playing
+    return at
+
+
+@pytest.fixture()
+def generated(app):
+    """The app after 8 generated tokens."""
+    return run_steps(app, 8)

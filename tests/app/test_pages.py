@@ -1,0 +1,238 @@
+"""Every page on the tiny model: renders, reacts to sliders, keeps settings, explains bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.app.conftest import run_steps
+
+PAGES = [
+    "pages/generate.py",
+    "pages/distributions.py",
+    "pages/thermodynamics.py",
+    "pages/attention.py",
+    "pages/kv_cache.py",
+    "pages/pipeline.py",
+]
+
+
+def charts(at) -> dict[str, dict]:
+    """Plotly figures on the page by element key (``proto.id`` ends with the key)."""
+    out = {}
+    for i, el in enumerate(at.get("plotly_chart")):
+        out[str(i)] = json.loads(el.proto.spec)
+    return out
+
+
+def n_steps(at) -> int:
+    return at.session_state["semviz"].decoder.n_steps
+
+
+def errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def test_no_run_yet_pages_render(app):
+    for p in PAGES:
+        app.switch_page(p).run()
+        assert not app.exception, p
+        assert not errors(app), (p, errors(app))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_with_a_run(generated, page):
+    at = generated
+    at.switch_page(page).run()
+    assert not at.exception
+    assert not errors(at)
+    assert at.get("plotly_chart"), f"{page} drew no chart"
+    for fig in charts(at).values():
+        assert fig["data"], f"{page}: a chart without data"
+
+
+def test_step_adds_one_token(app):
+    app.button(key="btn_step").click().run()
+    assert n_steps(app) == 1
+    app.button(key="btn_step").click().run()
+    assert n_steps(app) == 2
+    assert not app.exception
+
+
+def test_reset_and_rewind(generated):
+    at = generated
+    at.session_state["semviz"].selected = 3
+    at.run()
+    at.button(key="btn_rewind").click().run()
+    assert n_steps(at) == 3
+    at.button(key="btn_reset").click().run()
+    assert n_steps(at) == 0
+
+
+SLIDER_CASES = [
+    ("pages/generate.py", "s_temperature", 0.3),
+    ("pages/distributions.py", "s_temperature", 0.3),
+    ("pages/distributions.py", "s_top_k", 3),
+    ("pages/thermodynamics.py", "s_temperature", 0.3),
+    ("pages/attention.py", "s_gravity_sim", "dot"),
+    ("pages/pipeline.py", "s_top_p", 0.5),
+]
+
+
+@pytest.mark.parametrize(("page", "key", "value"), SLIDER_CASES)
+def test_moving_a_slider_changes_the_figures(generated, page, key, value):
+    at = generated
+    at.switch_page(page).run()
+    before = charts(at)
+    at.session_state[key] = value
+    at.run()
+    assert not at.exception
+    after = charts(at)
+    assert before.keys() == after.keys()
+    changed = [k for k in before if before[k]["data"] != after[k]["data"]]
+    assert changed, f"moving {key} changed no figure on {page}"
+    assert n_steps(at) == 8  # what-if: no model run, the trace is unchanged
+
+
+def test_slider_widget_drives_the_replay(app):
+    """The sidebar widget itself (not only its state) reaches the what-if."""
+    run_steps(app, 6)
+    app.switch_page("pages/distributions.py").run()
+    before = charts(app)["0"]["data"]
+    app.slider(key="s_temperature").set_value(0.2).run()
+    assert charts(app)["0"]["data"] != before
+
+
+def test_whatif_marks_first_changed_step_and_regenerates(generated):
+    at = generated
+    at.session_state["s_temperature"] = 0.0  # greedy: some choice changes on a random model
+    at.run()
+    wi = at.session_state["semviz"].extra["whatif"]
+    if wi.first_diff is None:
+        pytest.skip("greedy picks the sampled tokens on this model")
+    assert any("What-if" in w.value for w in at.warning)
+    k = wi.first_diff
+    at.button(key="regen_from").click().run()
+    assert not at.exception
+    dec = at.session_state["semviz"].decoder
+    assert dec.trace.steps[k].token_id == wi.token_ids[k]
+    assert dec.params.temperature == 0.0
+
+
+def test_switching_pages_keeps_settings(app):
+    app.slider(key="s_temperature").set_value(0.35).run()
+    app.slider(key="s_top_k").set_value(17).run()
+    app.text_area(key="s_prompt").input("A prompt that must survive").run()
+    app.toggle(key="s_chat").set_value(False).run()
+    for p in PAGES[1:] + PAGES[:1]:
+        app.switch_page(p).run()
+        assert not app.exception
+        s = app.session_state["settings"]
+        assert (s.temperature, s.top_k, s.prompt, s.chat) == (
+            0.35,
+            17,
+            "A prompt that must survive",
+            False,
+        ), p
+        assert app.slider(key="s_temperature").value == 0.35
+        assert app.slider(key="s_top_k").value == 17
+
+
+# -- bad input: a clear message, and the session's work kept -------------------------------------
+
+
+def test_empty_prompt(generated):
+    at = generated
+    at.session_state["s_prompt"] = "   "
+    at.run()
+    at.button(key="btn_step").click().run()
+    assert not at.exception
+    assert any("prompt is empty" in e for e in errors(at)), errors(at)
+    assert n_steps(at) == 8
+    at.switch_page("pages/distributions.py").run()
+    assert at.get("plotly_chart")
+
+
+def test_unknown_model(generated):
+    at = generated
+    at.session_state["s_model"] = "no-such-owner/no-such-model-xyz"
+    at.run()
+    assert not at.exception
+    assert any("Model not loaded" in e for e in errors(at)), errors(at)
+    at.button(key="btn_step").click().run()
+    assert any("no-such-model-xyz" in e for e in errors(at))
+    assert n_steps(at) == 8
+    at.switch_page("pages/thermodynamics.py").run()
+    assert not at.exception
+    assert at.get("plotly_chart")
+
+
+def test_prompt_over_the_context_length(generated):
+    at = generated
+    at.session_state["s_prompt"] = "word " * 700  # the tiny model reads 512 positions
+    at.session_state["s_chat"] = False
+    at.run()
+    at.button(key="btn_step").click().run()
+    assert not at.exception
+    assert any("shorten it" in e for e in errors(at)), errors(at)
+    assert n_steps(at) == 8
+
+
+def test_sliders_that_would_remove_every_token(generated):
+    at = generated
+    # top-k keeps the most probable token, typical keeps the ones nearest the entropy:
+    # disjoint sets, so the intersection of the filters is empty at some step.
+    at.session_state["s_top_k"] = 1
+    at.session_state["s_typical_p"] = 0.01
+    at.run()
+    wi = at.session_state["semviz"].extra["whatif"]
+    empty = [i for i, r in enumerate(wi.results) if any(w.n_kept == 0 for w in r.waterfall)]
+    assert empty, "no step with an empty intersection"
+    at.session_state["semviz"].selected = empty[0]
+    at.switch_page("pages/distributions.py").run()
+    assert not at.exception
+    assert any("remove every candidate" in w.value for w in at.warning)
+    assert all(r.n_kept >= 1 for r in wi.results)  # the core still keeps one
+
+
+def test_bad_query_params_fall_back_to_defaults(tiny_dir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.conftest import APP, TIMEOUT
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update({"adaptive": "bogus", "temperature": "x", "top_k": "7"})
+    at.run()
+    assert not at.exception
+    s = at.session_state["settings"]
+    assert (s.adaptive, s.temperature, s.top_k) == ("none", 0.8, 7)
+
+
+def test_kv_policy_run_and_kv_eval(app):
+    app.session_state["s_kv_policy"] = "window"
+    app.session_state["s_kv_budget"] = 16
+    app.session_state["s_chat"] = False
+    run_steps(app, 24)
+    app.switch_page("pages/kv_cache.py").run()
+    assert not app.exception
+    tr = app.session_state["semviz"].decoder.trace
+    assert tr.steps[-1].cache_len <= 17
+    app.number_input(key="kve_tokens").set_value(32)
+    app.multiselect(key="kve_policies").set_value(["window", "h2o"])
+    app.text_input(key="kve_budgets").input("8, 16")
+    app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
+    assert not app.exception, app.exception
+    rows = app.session_state["semviz"].kv_eval
+    assert {r["policy"] for r in rows} >= {"window", "h2o"}
+    assert any(c["data"] for c in charts(app).values())
+
+
+def test_pipeline_measures_prefill(generated):
+    at = generated
+    at.switch_page("pages/pipeline.py").run()
+    at.button(key="pipe_measure").click().run()
+    assert not at.exception
+    assert at.session_state["semviz"].prefill_scan is not None
+    assert len(at.get("plotly_chart")) >= 3
