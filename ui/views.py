@@ -7,6 +7,7 @@ import math
 
 import streamlit as st
 
+from semviz import pruning
 from ui.page import PageContext
 
 MAX_TOKENS_SHOWN = 1500
@@ -81,15 +82,43 @@ def token_strip(ctx: PageContext, color_by: str = "probability") -> None:
     st.caption(f"{legend} · black outline: selected step · orange underline: first what-if change")
 
 
+def filters_disjoint(res) -> bool:
+    """True when the active filters, each on its own, keep sets with nothing in common.
+
+    The core then tops the kept set up with the most probable token; this asks the same
+    core mask functions what each filter alone would keep.
+    """
+    p = res.params
+    if res.greedy or p.combine != "intersection":
+        return False
+    x = res.scores / res.temperature if p.order == "hf" else res.scores
+    x = x.unsqueeze(0)  # (1, K)
+    masks = []
+    if p.top_k > 0:
+        masks.append(pruning.top_k_mask(x, p.top_k, 1, p.tie_rule))
+    if p.top_p < 1.0:
+        masks.append(pruning.top_p_mask(x, p.top_p, 1, p.tie_rule))
+    if p.min_p > 0.0:
+        masks.append(pruning.min_p_mask(x, p.min_p, 1, p.tie_rule))
+    if p.typical_p < 1.0:
+        masks.append(pruning.typical_mask(x, p.typical_p, 1, p.tie_rule))
+    if len(masks) < 2:
+        return False
+    inter = masks[0]
+    for m in masks[1:]:
+        inter = inter & m
+    return not bool(inter.any())
+
+
 def all_removed_warning(ctx: PageContext, i: int) -> None:
     """Say so when the filters together would remove every token at step ``i``."""
     res = ctx.result(i)
     if res is None:
         return
-    if any(int(w.n_kept) == 0 for w in res.waterfall):
+    if filters_disjoint(res):
         st.warning(
-            "These sliders would remove every candidate at this step (the filters keep "
-            "disjoint sets). The core keeps the most probable token so sampling can go on; "
+            "These sliders would remove every candidate at this step: the filters keep "
+            "disjoint sets. The core keeps the most probable token so sampling can go on; "
             "loosen top-k / top-p / min-p / typical to give it a choice.",
             icon="🚫",
         )
