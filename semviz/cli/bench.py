@@ -7,7 +7,7 @@ compared with, measured in the same process, interleaved, and summarised by the 
   and the default dtype's decoder vs float32 ``generate()`` (what plain HF gives a user);
 - memory (``--memory``): peak RSS added by a 2,048-token prefill with capture on, capture
   off, and eager attention with ``output_attentions`` (the usual way to get attention),
-  each in a fresh subprocess;
+  each in a fresh subprocess whose peak is reset (``/proc/self/clear_refs``) after loading;
 - cold start (``--cold-start``): first ``load_model()`` (conversion from GGUF, in a fresh
   cache) against a second one.
 """
@@ -126,7 +126,7 @@ def speed(args, progress=None) -> dict:
 
 
 _MEM_CHILD = r"""
-import json, resource, sys, torch
+import json, sys, torch
 from semviz.model import load_model
 from semviz.decoding import DecodeSettings, Decoder
 from semviz.pruning import PruneParams
@@ -137,7 +137,13 @@ if mode == "eager":
     lm.model.set_attn_implementation("eager")
 with torch.inference_mode():
     lm.model(torch.tensor([ids[:16]]))  # warm-up at a small size
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def rss_kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+import gc; gc.collect()
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+base = rss_kib("VmRSS")
 t = __import__("time").perf_counter()
 if mode == "eager":
     with torch.inference_mode():
@@ -147,7 +153,7 @@ else:
     d = Decoder(lm, "", PruneParams(temperature=0), DecodeSettings(capture=(mode == "capture")),
                 prompt_ids=ids)
 secs = __import__("time").perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = rss_kib("VmHWM")
 print(json.dumps({"peak_added_mib": (peak - base) / 1024, "seconds": secs}))
 """
 
