@@ -1,0 +1,198 @@
+"""``python -m semviz kv-eval``: teacher-forced quality of KV-cache eviction policies.
+
+Runs the text once with the full cache and once per (policy, budget) with eviction live, one
+token per forward, and prints perplexity, top-1 agreement and KL divergence against the full
+cache, peak cache bytes and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from semviz.cli.common import add_model_args, print_json, progress_bar
+
+DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
+ALL_POLICIES = "full,window,streaming,h2o,tova,ema,gravity"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "kv-eval",
+        help="measure KV-cache eviction policies against the full cache",
+        description=(
+            "Teacher-force a text through the model once per policy with eviction live and "
+            "report perplexity, top-1 agreement and KL divergence from the full cache's "
+            "next-token distribution, peak cache bytes and tokens/s."
+        ),
+    )
+    add_model_args(p)
+    # exact comparisons against the full cache, and on CPU float32 is the faster path
+    p.set_defaults(dtype="float32")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--text",
+        default=None,
+        help="a UTF-8 text file (default: the shipped Pride and Prejudice chapters)",
+    )
+    p.add_argument("--tokens", type=int, default=1024, help="tokens of the text to read")
+    p.add_argument(
+        "--budget",
+        default="128",
+        help="cache budget per layer: tokens (128) or a fraction of the tokens read (0.25)",
+    )
+    p.add_argument(
+        "--budgets",
+        default=None,
+        help="comma-separated budgets to sweep (overrides --budget), e.g. 64,128,256",
+    )
+    p.add_argument("--policies", default=ALL_POLICIES, help=f"comma-separated ({ALL_POLICIES})")
+    p.add_argument(
+        "--prefill", type=int, default=1, help="tokens in the first forward (then one at a time)"
+    )
+    p.add_argument(
+        "--rerotate",
+        action="store_true",
+        help="streaming: cache-relative positions by re-rotating keys (StreamingLLM §3.2)",
+    )
+    p.add_argument(
+        "--policy-arg",
+        action="append",
+        default=[],
+        metavar="POLICY.KEY=VALUE",
+        help="extra policy setting, repeatable, e.g. gravity.beta=1.0 or h2o.recent=0.25",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _value(text: str):
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_policy_args(items: list[str]) -> dict[str, dict]:
+    """``["gravity.beta=1", "h2o.recent=0.25"]`` → ``{"gravity": {"beta": 1}, ...}``."""
+    from semviz.cli import UserError
+
+    out: dict[str, dict] = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        name, dot, attr = key.partition(".")
+        if not sep or not dot or not name or not attr:
+            raise UserError(f"--policy-arg must look like POLICY.KEY=VALUE, got {item!r}")
+        out.setdefault(name.strip(), {})[attr.strip()] = _value(val.strip())
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from semviz.cli import UserError
+    from semviz.cli.common import load
+    from semviz.eviction import POLICIES, kv_eval, parse_budget
+
+    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if not policies or unknown:
+        raise UserError(f"--policies takes names from {', '.join(POLICIES)}; got {args.policies!r}")
+    raw = args.budgets if args.budgets else args.budget
+    try:
+        budgets = [parse_budget(s.strip()) for s in raw.split(",") if s.strip()]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not budgets:
+        raise UserError("give at least one budget")
+    if args.tokens < 2:
+        raise UserError("--tokens must be at least 2")
+    path = Path(args.text) if args.text else DEFAULT_TEXT
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    kw = parse_policy_args(args.policy_arg)
+    for name in kw:
+        if name not in POLICIES:
+            raise UserError(f"--policy-arg names unknown policy {name!r}")
+    if args.rerotate:
+        kw.setdefault("streaming", {})["rerotate"] = True
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError("--threads must be at least 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    lm = load(args)
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < args.tokens:
+        raise UserError(f"{path.name} has {len(ids):,} tokens, fewer than --tokens {args.tokens:,}")
+    if args.tokens > lm.max_context:
+        raise UserError(f"{lm.name} reads at most {lm.max_context:,} tokens; lower --tokens")
+    ids = ids[: args.tokens]
+
+    bar = progress_bar(0, "kv-eval", enabled=not args.quiet)
+
+    def on_progress(done: int, total: int, label: str) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.set_description(label, refresh=False)
+        bar.update(done - bar.n)
+
+    try:
+        rows = kv_eval(
+            lm,
+            ids,
+            policies,
+            budgets,
+            prefill=args.prefill,
+            policy_kwargs=kw,
+            on_progress=on_progress,
+        )
+    except TypeError as exc:  # a --policy-arg the policy does not take
+        raise UserError(f"bad --policy-arg: {exc}") from None
+    finally:
+        bar.close()
+
+    if args.json:
+        print_json(
+            {
+                "model": lm.name,
+                "text": path.name,
+                "tokens": len(ids),
+                "prefill": args.prefill,
+                "policy_args": kw,
+                "rows": rows,
+            }
+        )
+        return 0
+    _print_table(rows, lm.name, path.name, len(ids))
+    return 0
+
+
+def _print_table(rows: list[dict], model: str, text: str, n: int) -> None:
+    head = (
+        f"{'policy':<10} {'budget':>7} {'ppl':>9} {'top1':>7} {'KL':>8} "
+        f"{'peak KiB':>9} {'mean len':>9} {'tok/s':>7}"
+    )
+    print(f"{model} · {text} · {n:,} tokens, teacher-forced")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        b = "-" if r["budget"] is None else json.dumps(r["budget"])
+        print(
+            f"{r['policy']:<10} {b:>7} {r['ppl']:>9.3f} {r['top1_agree']:>7.3f} "
+            f"{r['kl']:>8.4f} {r['peak_cache_bytes'] / 1024:>9.0f} "
+            f"{r['mean_cache_len']:>9.1f} {r['tokens_per_s']:>7.1f}"
+        )
+    sys.stdout.flush()
