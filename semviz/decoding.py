@@ -173,7 +173,8 @@ class Decoder:
         self.positions: list[torch.Tensor] = [
             torch.empty(0, dtype=torch.long) for _ in range(cfg.num_hidden_layers)
         ]
-        self.hidden: torch.Tensor | None = None  # (T, d) final hidden states, all positions
+        self._hidden_buf: torch.Tensor | None = None  # (capacity, d), grown by doubling
+        self._hidden_len = 0
         self.attn_ema: torch.Tensor | None = None  # (T,) EMA of mean last-query attention
         self.done = False
         self.stop_reason: str | None = None
@@ -223,6 +224,23 @@ class Decoder:
             attn = _stack_layers(sink)  # (L, H, S)
         return _Forward(logits=logits, hidden=h.float(), attention=attn, seconds=seconds)
 
+    @property
+    def hidden(self) -> torch.Tensor:
+        """Final normed hidden states of every fed position. (T, d)"""
+        return self._hidden_buf[: self._hidden_len]
+
+    def _append_hidden(self, h: torch.Tensor) -> None:
+        # amortised O(d) per token: a per-step torch.cat would copy all T·d values each step
+        n = self._hidden_len + h.shape[0]
+        if self._hidden_buf is None or n > self._hidden_buf.shape[0]:
+            cap = max(n, 2 * (0 if self._hidden_buf is None else self._hidden_buf.shape[0]), 64)
+            buf = h.new_empty(cap, h.shape[1])
+            if self._hidden_len:
+                buf[: self._hidden_len] = self._hidden_buf[: self._hidden_len]
+            self._hidden_buf = buf
+        self._hidden_buf[self._hidden_len : n] = h
+        self._hidden_len = n
+
     def _needs_attention(self) -> bool:
         p = self.params
         return self.eviction is not None or (
@@ -231,7 +249,7 @@ class Decoder:
 
     def _after_forward(self, fw: _Forward) -> None:
         """Bookkeeping after a forward: hidden states, attention EMA, eviction."""
-        self.hidden = fw.hidden if self.hidden is None else torch.cat([self.hidden, fw.hidden])
+        self._append_hidden(fw.hidden)
         if fw.attention is not None:
             att = fw.attention
             if self.params.gravity_layers is not None:
@@ -454,7 +472,7 @@ class Decoder:
                 self.cache.crop(-excess)
             self.ids = self.ids[:n]
             self.positions = [torch.arange(n - 1, dtype=torch.long) for _ in self.positions]
-            self.hidden = self.hidden[: n - 1]
+            self._hidden_len = n - 1
             if snap is not None:
                 self.sampler = snap.sampler.copy()
                 self.attn_ema = None if snap.ema is None else snap.ema.clone()
