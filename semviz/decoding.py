@@ -225,9 +225,9 @@ class Decoder:
         return _Forward(logits=logits, hidden=h.float(), attention=attn, seconds=seconds)
 
     @property
-    def hidden(self) -> torch.Tensor:
-        """Final normed hidden states of every fed position. (T, d)"""
-        return self._hidden_buf[: self._hidden_len]
+    def hidden(self) -> torch.Tensor | None:
+        """Final normed hidden states of every fed position (T, d); None before the prefill."""
+        return None if self._hidden_buf is None else self._hidden_buf[: self._hidden_len]
 
     def _append_hidden(self, h: torch.Tensor) -> None:
         # amortised O(d) per token: a per-step torch.cat would copy all T·d values each step
