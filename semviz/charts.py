@@ -97,6 +97,59 @@ def step_stages(rec: StepRecord, result: PruneResult | None = None) -> dict[str,
     return {k: _np(src[k]) for k in STAGE_ORDER if k in src}
 
 
+def _base(title: str | None, height: int) -> dict:
+    return {
+        "title": None if title is None else {"text": title, "x": 0.0, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 50, "r": 20, "t": 40 if title else 20, "b": 40},
+        "legend": {"orientation": "h", "y": -0.18, "x": 0.0},
+        "hoverlabel": {"namelength": -1},
+        "plot_bgcolor": "white",
+    }
+
+
+def _figure(data: list[dict], layout: dict) -> go.Figure:
+    """A figure from plain dicts, skipping Plotly's per-property validation.
+
+    Validation costs ~10 ms per trace; the what-if views rebuild ~8 figures on every slider
+    move, so they are assembled as dicts (checked by the tests' JSON round trips instead).
+    """
+    return go.Figure(data=data, layout=layout, _validate=False)
+
+
+def _rows(n: int, spacing: float = 0.06) -> list[list[float]]:
+    """y-domains of ``n`` stacked rows, top first."""
+    h = (1.0 - spacing * (n - 1)) / n
+    return [
+        [
+            max(0.0, round(1.0 - (r + 1) * h - r * spacing, 6)),
+            min(1.0, round(1.0 - r * h - r * spacing, 6)),
+        ]
+        for r in range(n)
+    ]
+
+
+def _stacked(n: int, titles: Sequence[str], spacing: float = 0.06) -> dict:
+    """Layout axes for ``n`` rows sharing one x axis, with a title above each row."""
+    lay: dict = {}
+    ann = []
+    for r, dom in enumerate(_rows(n, spacing), start=1):
+        sfx = "" if r == 1 else str(r)
+        lay[f"yaxis{sfx}"] = {"domain": dom, "anchor": f"x{sfx}", "gridcolor": "#eee"}
+        lay[f"xaxis{sfx}"] = {
+            "anchor": f"y{sfx}",
+            "matches": "x" if r > 1 else None,
+            "showticklabels": r == n,
+            "gridcolor": "#eee",
+        }
+        ann.append({
+            "text": titles[r - 1], "x": 0.5, "y": dom[1], "xref": "paper", "yref": "paper",
+            "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 12},
+        })  # fmt: skip
+    lay["annotations"] = ann
+    return lay
+
+
 def distribution_figure(
     labels: Sequence[str],
     stages: dict[str, np.ndarray],
@@ -119,50 +172,38 @@ def distribution_figure(
     """
     names = [s for s in stages_shown if s in stages]
     n = min(top, len(labels), *(len(stages[s]) for s in names)) if names else 0
-    ranked = list(range(n))  # candidates are stored by raw logit, descending
-    x = [f"{i + 1}. {_show(labels[i])}" for i in ranked]
+    x = [f"{i + 1}. {_show(labels[i])}" for i in range(n)]
     kept_n = np.ones(n, bool) if kept is None else np.asarray(kept[:n], bool)
+    data = []
     if mode == "overlay" or len(names) <= 1:
-        fig = go.Figure()
         for s in names:
-            p = stages[s][:n]
-            fig.add_bar(
-                x=x,
-                y=p,
-                name=STAGE_LABEL[s],
-                marker_color=STAGE_COLOR[s],
-                opacity=0.85,
-                customdata=np.stack([kept_n], -1),
-                hovertemplate="%{x}<br>p=%{y:.4f}<extra>" + STAGE_LABEL[s] + "</extra>",
-            )
-        fig.update_layout(barmode="group", bargap=0.15)
-        fig.update_yaxes(title="probability")
-        height = 380
-    else:
-        fig = make_subplots(
-            rows=len(names),
-            cols=1,
-            shared_xaxes=True,
-            vertical_spacing=0.04,
-            subplot_titles=[STAGE_LABEL[s] for s in names],
-        )
-        for r, s in enumerate(names, start=1):
-            p = stages[s][:n]
-            colors = [STAGE_COLOR[s] if (s != "final" or k) else "#dddddd" for k in kept_n.tolist()]
-            line = [2.5 if i == chosen else 0 for i in ranked]
-            fig.add_bar(
-                x=x,
-                y=p,
-                name=STAGE_LABEL[s],
-                marker={"color": colors, "line": {"width": line, "color": "#000"}},
-                showlegend=False,
-                hovertemplate="%{x}<br>p=%{y:.4f}<extra>" + STAGE_LABEL[s] + "</extra>",
-                row=r,
-                col=1,
-            )
-        height = 150 * len(names) + 90
-    fig.update_xaxes(tickangle=-50, tickfont={"size": 10})
-    return _layout(fig, None, height)
+            data.append({
+                "type": "bar", "x": x, "y": stages[s][:n].tolist(), "name": STAGE_LABEL[s],
+                "marker": {"color": STAGE_COLOR[s]}, "opacity": 0.85,
+                "hovertemplate": "%{x}<br>p=%{y:.4f}<extra>" + STAGE_LABEL[s] + "</extra>",
+            })  # fmt: skip
+        layout = _base(None, 380)
+        layout.update(
+            barmode="group", bargap=0.15,
+            yaxis={"title": {"text": "probability"}, "gridcolor": "#eee"},
+            xaxis={"tickangle": -50, "tickfont": {"size": 10}},
+        )  # fmt: skip
+        return _figure(data, layout)
+    layout = _base(None, 150 * len(names) + 90)
+    layout.update(_stacked(len(names), [STAGE_LABEL[s] for s in names], 0.05))
+    for r, s in enumerate(names, start=1):
+        sfx = "" if r == 1 else str(r)
+        colors = [STAGE_COLOR[s] if (s != "final" or k) else "#dddddd" for k in kept_n.tolist()]
+        data.append({
+            "type": "bar", "x": x, "y": stages[s][:n].tolist(), "name": STAGE_LABEL[s],
+            "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "showlegend": False,
+            "marker": {"color": colors, "line": {"width": [2.5 if i == chosen else 0 for i in range(n)], "color": "#000"}},
+            "hovertemplate": "%{x}<br>p=%{y:.4f}<extra>" + STAGE_LABEL[s] + "</extra>",
+        })  # fmt: skip
+    layout[f"xaxis{len(names) if len(names) > 1 else ''}"].update(
+        tickangle=-50, tickfont={"size": 10}
+    )
+    return _figure(data, layout)
 
 
 def waterfall_figure(waterfall: Sequence[dict]) -> go.Figure:
@@ -170,28 +211,26 @@ def waterfall_figure(waterfall: Sequence[dict]) -> go.Figure:
     names = [w["name"] for w in waterfall] or ["(no filter on)"]
     removed = [100.0 * float(w["mass_removed"]) for w in waterfall] or [0.0]
     left = [int(w["n_kept"]) for w in waterfall] or [0]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_bar(
-        x=names,
-        y=removed,
-        name="mass removed (% of what entered)",
-        marker_color="#d62728",
-        hovertemplate="%{x}: removed %{y:.2f}% of the mass<extra></extra>",
-    )
-    fig.add_scatter(
-        x=names,
-        y=left,
-        name="candidates left",
-        mode="lines+markers+text",
-        text=[str(v) for v in left],
-        textposition="top center",
-        marker_color="#1f77b4",
-        secondary_y=True,
-        hovertemplate="%{x}: %{y} left<extra></extra>",
-    )
-    fig.update_yaxes(title="mass removed, %", range=[0, 105], secondary_y=False)
-    fig.update_yaxes(title="candidates left", type="log", secondary_y=True)
-    return _layout(fig, None, 340)
+    data = [
+        {
+            "type": "bar", "x": names, "y": removed, "name": "mass removed (% of what entered)",
+            "marker": {"color": "#d62728"},
+            "hovertemplate": "%{x}: removed %{y:.2f}% of the mass<extra></extra>",
+        },
+        {
+            "type": "scatter", "x": names, "y": left, "name": "candidates left", "yaxis": "y2",
+            "mode": "lines+markers+text", "text": [str(v) for v in left],
+            "textposition": "top center", "marker": {"color": "#1f77b4"},
+            "hovertemplate": "%{x}: %{y} left<extra></extra>",
+        },
+    ]  # fmt: skip
+    layout = _base(None, 340)
+    layout.update(
+        yaxis={"title": {"text": "mass removed, %"}, "range": [0, 105], "gridcolor": "#eee"},
+        yaxis2={"title": {"text": "candidates left"}, "type": "log", "overlaying": "y",
+                "side": "right", "showgrid": False},
+    )  # fmt: skip
+    return _figure(data, layout)
 
 
 def rank_shift_figure(
@@ -210,25 +249,27 @@ def rank_shift_figure(
     r_adj[np.argsort(-adjusted[:k], kind="stable")] = np.arange(1, k + 1)
     show = [i for i in range(k) if r_adj[i] <= top or r_raw[i] <= top]
     show = sorted(show, key=lambda i: r_adj[i])[: max(top, 1) + 10]
-    fig = go.Figure()
+    data = []
     for i in show:
         d = int(r_raw[i] - r_adj[i])
         color = "#2ca02c" if d > 0 else ("#d62728" if d < 0 else "#bbbbbb")
-        fig.add_scatter(
-            x=["raw rank", "after gravity"],
-            y=[r_raw[i], r_adj[i]],
-            mode="lines+markers+text",
-            text=[_show(labels[i]), f"{_show(labels[i])} ({'+' if d > 0 else ''}{d})"],
-            textposition=["middle left", "middle right"],
-            line={"color": color, "width": 2 if d else 1},
-            showlegend=False,
-            hovertemplate=f"{_show(labels[i])}: rank {r_raw[i]} → {r_adj[i]}<extra></extra>",
-        )
+        lab = _show(labels[i])
+        data.append({
+            "type": "scatter", "x": ["raw rank", "after gravity"],
+            "y": [int(r_raw[i]), int(r_adj[i])], "mode": "lines+markers+text",
+            "text": [lab, f"{lab} ({'+' if d > 0 else ''}{d})"],
+            "textposition": ["middle left", "middle right"],
+            "line": {"color": color, "width": 2 if d else 1}, "showlegend": False,
+            "hovertemplate": f"{lab}: rank {r_raw[i]} → {r_adj[i]}<extra></extra>",
+        })  # fmt: skip
     lim = max([top] + [int(max(r_raw[i], r_adj[i])) for i in show]) + 0.5
-    fig.update_yaxes(autorange=False, range=[lim, 0.5], title="rank")
-    fig.update_xaxes(range=[-0.6, 1.6])
     moved = int(sum(1 for i in show if r_raw[i] != r_adj[i]))
-    return _layout(fig, f"{moved} of the top {top} changed rank", 30 * min(len(show), 25) + 120)
+    layout = _base(f"{moved} of the top {top} changed rank", 30 * min(len(show), 25) + 120)
+    layout.update(
+        yaxis={"autorange": False, "range": [lim, 0.5], "title": {"text": "rank"}},
+        xaxis={"range": [-0.6, 1.6]},
+    )
+    return _figure(data, layout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,14 +340,24 @@ def entropy_bands(params: PruneParams) -> list[tuple[float, float, str, str]]:
     return bands
 
 
-def _mark_steps(fig, df, *, selected=None, first_diff=None, rows=None):
-    rows = rows or [None]
-    for r in rows:
-        kw = {} if r is None else {"row": r, "col": 1}
-        if selected is not None:
-            fig.add_vline(x=selected, line={"color": "#444", "width": 1, "dash": "dot"}, **kw)
-        if first_diff is not None:
-            fig.add_vline(x=first_diff, line={"color": "#ff7f0e", "width": 2}, **kw)
+def _vlines(selected, first_diff, axes: Sequence[str] = ("",)) -> list[dict]:
+    """Shapes marking the selected step (dotted) and the first what-if change (orange)."""
+    out = []
+    for sfx in axes:
+        for x, line in (
+            (selected, {"color": "#444", "width": 1, "dash": "dot"}),
+            (first_diff, {"color": "#ff7f0e", "width": 2}),
+        ):
+            if x is not None:
+                out.append({
+                    "type": "line", "x0": x, "x1": x, "xref": f"x{sfx}",
+                    "y0": 0, "y1": 1, "yref": f"y{sfx} domain", "line": line,
+                })  # fmt: skip
+    return out
+
+
+def _col(df, name: str) -> list:
+    return df[name].tolist() if len(df) else []
 
 
 def entropy_figure(
@@ -317,92 +368,117 @@ def entropy_figure(
     first_diff: int | None = None,
 ) -> go.Figure:
     """Entropy and varentropy per step with the settings' thresholds as bands."""
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
     hmax = float(df["entropy"].max()) if len(df) else 1.0
     top = max(hmax * 1.1, 3.5)
+    shapes, ann = [], []
     for lo, hi, label, color in entropy_bands(params):
-        fig.add_hrect(y0=lo, y1=min(hi, top), fillcolor=color, line_width=0, layer="below")
-        fig.add_annotation(
-            x=0, xref="paper", y=min(hi, top) if hi - lo > 0.2 else hi, yref="y",
-            text=label, showarrow=False, xanchor="left", yanchor="top",
-            font={"size": 10, "color": "#555"},
-        )  # fmt: skip
-    fig.add_scatter(
-        x=df["step"], y=df["entropy"], name="entropy H (nats)", mode="lines+markers",
-        marker={"size": 4}, line={"color": "#1f77b4"}, customdata=df[["token"]],
-        hovertemplate="step %{x} %{customdata[0]!r}<br>H=%{y:.3f} nats<extra></extra>",
-    )  # fmt: skip
-    fig.add_scatter(
-        x=df["step"], y=df["varentropy"], name="varentropy (nats²)", mode="lines",
-        line={"color": "#ff7f0e", "dash": "dot"}, secondary_y=True,
-        hovertemplate="step %{x}<br>V=%{y:.3f}<extra></extra>",
-    )  # fmt: skip
-    fb = df[df["fallback"] != ""]
+        y1 = min(hi, top)
+        shapes.append({
+            "type": "rect", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": lo,
+            "y1": y1, "fillcolor": color, "line": {"width": 0}, "layer": "below",
+        })  # fmt: skip
+        ann.append({
+            "x": 0, "xref": "paper", "y": y1 if hi - lo > 0.2 else hi, "yref": "y",
+            "text": label, "showarrow": False, "xanchor": "left", "yanchor": "top",
+            "font": {"size": 10, "color": "#555"},
+        })  # fmt: skip
+    steps, tokens = _col(df, "step"), [[t] for t in _col(df, "token")]
+    data = [
+        {
+            "type": "scatter", "x": steps, "y": _col(df, "entropy"), "name": "entropy H (nats)",
+            "mode": "lines+markers", "marker": {"size": 4}, "line": {"color": "#1f77b4"},
+            "customdata": tokens,
+            "hovertemplate": "step %{x} %{customdata[0]}<br>H=%{y:.3f} nats<extra></extra>",
+        },
+        {
+            "type": "scatter", "x": steps, "y": _col(df, "varentropy"), "yaxis": "y2",
+            "name": "varentropy (nats²)", "mode": "lines",
+            "line": {"color": "#ff7f0e", "dash": "dot"},
+            "hovertemplate": "step %{x}<br>V=%{y:.3f}<extra></extra>",
+        },
+    ]  # fmt: skip
+    fb = df[df["fallback"] != ""] if len(df) else df
     if len(fb):
-        fig.add_scatter(
-            x=fb["step"], y=fb["entropy"], mode="markers", name="safety fallback fired",
-            marker={"symbol": "x", "size": 11, "color": "#d62728"}, customdata=fb[["fallback"]],
-            hovertemplate="step %{x}: %{customdata[0]}<extra></extra>",
-        )  # fmt: skip
-    _mark_steps(fig, df, selected=selected, first_diff=first_diff)
-    fig.update_yaxes(title="entropy, nats", range=[0, top], secondary_y=False)
-    fig.update_yaxes(title="varentropy", secondary_y=True, showgrid=False)
-    fig.update_xaxes(title="step")
-    return _layout(fig, None, 360)
+        data.append({
+            "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, "entropy"), "mode": "markers",
+            "name": "safety fallback fired", "marker": {"symbol": "x", "size": 11, "color": "#d62728"},
+            "customdata": [[r] for r in _col(fb, "fallback")],
+            "hovertemplate": "step %{x}: %{customdata[0]}<extra></extra>",
+        })  # fmt: skip
+    layout = _base(None, 360)
+    layout.update(
+        shapes=shapes + _vlines(selected, first_diff),
+        annotations=ann,
+        xaxis={"title": {"text": "step"}, "gridcolor": "#eee"},
+        yaxis={"title": {"text": "entropy, nats"}, "range": [0, top], "gridcolor": "#eee"},
+        yaxis2={"title": {"text": "varentropy"}, "overlaying": "y", "side": "right",
+                "showgrid": False, "rangemode": "tozero"},
+    )  # fmt: skip
+    return _figure(data, layout)
 
 
 def thermo_figure(df, *, selected: int | None = None, first_diff: int | None = None) -> go.Figure:
     """Effective temperature, free energy and kept-set size per step; fallbacks marked."""
-    fig = make_subplots(
-        rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-        subplot_titles=["effective temperature", "free energy F = −T log Σ exp(s/T)", "kept-set size"],
-    )  # fmt: skip
+    titles = ["effective temperature", "free energy F = −T log Σ exp(s/T)", "kept-set size"]
+    layout = _base(None, 560)
+    layout.update(_stacked(3, titles, 0.07))
     series = [("temperature", "#1f77b4"), ("free_energy", "#9467bd"), ("n_kept", "#2ca02c")]
+    steps, tokens = _col(df, "step"), [[t] for t in _col(df, "token")]
+    fb = df[df["fallback"] != ""] if len(df) else df
+    data = []
     for r, (col, color) in enumerate(series, start=1):
-        fig.add_scatter(
-            x=df["step"], y=df[col], mode="lines+markers", marker={"size": 3},
-            line={"color": color, "shape": "hv" if col == "n_kept" else "linear"},
-            name=col, showlegend=False, row=r, col=1, customdata=df[["token"]],
-            hovertemplate="step %{x} %{customdata[0]!r}<br>%{y:.4g}<extra>" + col + "</extra>",
-        )  # fmt: skip
-        fb = df[df["fallback"] != ""]
+        sfx = "" if r == 1 else str(r)
+        data.append({
+            "type": "scatter", "x": steps, "y": _col(df, col), "mode": "lines+markers",
+            "marker": {"size": 3}, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": col,
+            "line": {"color": color, "shape": "hv" if col == "n_kept" else "linear"},
+            "showlegend": False, "customdata": tokens,
+            "hovertemplate": "step %{x} %{customdata[0]}<br>%{y:.4g}<extra>" + col + "</extra>",
+        })  # fmt: skip
         if len(fb):
-            fig.add_scatter(
-                x=fb["step"], y=fb[col], mode="markers", marker={"symbol": "x", "size": 10,
-                "color": "#d62728"}, name="safety fallback", showlegend=r == 1, row=r, col=1,
-                customdata=fb[["fallback"]], hovertemplate="%{customdata[0]}<extra></extra>",
-            )  # fmt: skip
-    _mark_steps(fig, df, selected=selected, first_diff=first_diff, rows=[1, 2, 3])
+            data.append({
+                "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, col), "mode": "markers",
+                "marker": {"symbol": "x", "size": 10, "color": "#d62728"},
+                "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": "safety fallback",
+                "showlegend": r == 1, "customdata": [[f] for f in _col(fb, "fallback")],
+                "hovertemplate": "%{customdata[0]}<extra></extra>",
+            })  # fmt: skip
+    layout["shapes"] = _vlines(selected, first_diff, ("", "2", "3"))
+    layout["xaxis3"]["title"] = {"text": "step"}
     if len(df) and df["n_kept"].max() > 50:
-        fig.update_yaxes(type="log", row=3, col=1)
-    fig.update_xaxes(title="step", row=3, col=1)
-    return _layout(fig, None, 560)
+        layout["yaxis3"]["type"] = "log"
+    return _figure(data, layout)
 
 
 def entropy_scatter(df, *, selected: int | None = None) -> go.Figure:
     """Entropy × varentropy, one point per step, coloured by what the sampler did."""
-    fig = go.Figure()
+    data = []
     for action, color in ACTION_COLOR.items():
-        sub = df[df["action"] == action]
+        sub = df[df["action"] == action] if len(df) else df
         if not len(sub):
             continue
-        fig.add_scatter(
-            x=sub["entropy"], y=sub["varentropy"], mode="markers", name=action,
-            marker={"color": color, "size": 8, "opacity": 0.8,
-                    "symbol": "x" if action == "safety fallback" else "circle"},
-            customdata=sub[["step", "token", "rank"]],
-            hovertemplate="step %{customdata[0]} %{customdata[1]!r} (rank %{customdata[2]})"
+        data.append({
+            "type": "scatter", "x": _col(sub, "entropy"), "y": _col(sub, "varentropy"),
+            "mode": "markers", "name": action,
+            "marker": {"color": color, "size": 8, "opacity": 0.8,
+                       "symbol": "x" if action == "safety fallback" else "circle"},
+            "customdata": sub[["step", "token", "rank"]].values.tolist(),
+            "hovertemplate": "step %{customdata[0]} %{customdata[1]} (rank %{customdata[2]})"
             "<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
-        )  # fmt: skip
+        })  # fmt: skip
     if selected is not None and 0 <= selected < len(df):
         row = df.iloc[selected]
-        fig.add_scatter(
-            x=[row["entropy"]], y=[row["varentropy"]], mode="markers", name="selected step",
-            marker={"size": 16, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "#000"}},
-        )  # fmt: skip
-    fig.update_xaxes(title="entropy H, nats")
-    fig.update_yaxes(title="varentropy, nats²")
-    return _layout(fig, None, 380)
+        data.append({
+            "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
+            "mode": "markers", "name": "selected step",
+            "marker": {"size": 16, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "#000"}},
+        })  # fmt: skip
+    layout = _base(None, 380)
+    layout.update(
+        xaxis={"title": {"text": "entropy H, nats"}, "gridcolor": "#eee"},
+        yaxis={"title": {"text": "varentropy, nats²"}, "gridcolor": "#eee"},
+    )
+    return _figure(data, layout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -758,31 +834,39 @@ def chain_figure(params: PruneParams) -> go.Figure:
     stages = chain_stages(params)
     n = len(stages)
     per_row = 5
-    fig = go.Figure()
     xs, ys = [], []
     for i in range(n):
         row, col = divmod(i, per_row)
         xs.append(col if row % 2 == 0 else per_row - 1 - col)
         ys.append(-row)
-    for i in range(n - 1):
-        fig.add_annotation(
-            x=xs[i + 1], y=ys[i + 1], ax=xs[i], ay=ys[i], xref="x", yref="y", axref="x", ayref="y",
-            showarrow=True, arrowhead=3, arrowsize=1.2, arrowwidth=1.5, arrowcolor="#888",
-            standoff=38, startstandoff=38, text="",
-        )  # fmt: skip
+    ann = [
+        {
+            "x": xs[i + 1], "y": ys[i + 1], "ax": xs[i], "ay": ys[i], "xref": "x", "yref": "y",
+            "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3, "arrowsize": 1.2,
+            "arrowwidth": 1.5, "arrowcolor": "#888", "standoff": 38, "startstandoff": 38,
+            "text": "",
+        }
+        for i in range(n - 1)
+    ]  # fmt: skip
+    ann += [
+        {"x": x, "y": y - 0.28, "text": st[1], "showarrow": False, "xref": "x", "yref": "y",
+         "font": {"size": 10, "color": "#444"}}
+        for x, y, st in zip(xs, ys, stages, strict=True)
+    ]  # fmt: skip
     colors = {"logits": "#8c8c8c", "gravity": "#9467bd", "temperature": "#1f77b4",
               "greedy": "#2ca02c", "sample": "#d62728", "fallback": "#d62728"}  # fmt: skip
-    fig.add_scatter(
-        x=xs, y=ys, mode="markers+text", text=[f"<b>{i + 1}. {s[0]}</b>" for i, s in enumerate(stages)],
-        textposition="top center", customdata=[s[1] for s in stages],
-        marker={"size": 30, "symbol": "square", "color": [colors.get(s[0], "#ff7f0e") for s in stages]},
-        hovertemplate="%{text}<br>%{customdata}<extra></extra>", showlegend=False,
-    )  # fmt: skip
-    for x, y, s in zip(xs, ys, stages, strict=True):
-        fig.add_annotation(
-            x=x, y=y - 0.28, text=s[1], showarrow=False, font={"size": 10, "color": "#444"}
-        )
+    data = [{
+        "type": "scatter", "x": xs, "y": ys, "mode": "markers+text",
+        "text": [f"<b>{i + 1}. {s[0]}</b>" for i, s in enumerate(stages)],
+        "textposition": "top center", "customdata": [s[1] for s in stages],
+        "marker": {"size": 30, "symbol": "square", "color": [colors.get(s[0], "#ff7f0e") for s in stages]},
+        "hovertemplate": "%{text}<br>%{customdata}<extra></extra>", "showlegend": False,
+    }]  # fmt: skip
     rows = (n - 1) // per_row + 1
-    fig.update_xaxes(visible=False, range=[-0.6, per_row - 0.4])
-    fig.update_yaxes(visible=False, range=[-rows + 0.45, 0.45])
-    return _layout(fig, None, 150 * rows + 40)
+    layout = _base(None, 150 * rows + 40)
+    layout.update(
+        annotations=ann,
+        xaxis={"visible": False, "range": [-0.6, per_row - 0.4]},
+        yaxis={"visible": False, "range": [-rows + 0.45, 0.45]},
+    )
+    return _figure(data, layout)
