@@ -1,0 +1,385 @@
+"""A/B comparison: two (or more) settings on the same prompt and seed, one step axis.
+
+Each side is a :class:`Side`: a label and a :class:`~semviz.pruning.PruneParams`. Sides are
+written as short specs so the CLI, the app and the docs share one syntax::
+
+    "story"                          a preset (code, story, qa, brainstorm)
+    "plain"                          PruneParams() (plain sampling at T = 1)
+    "top_p=0.9"                      overrides of the plain defaults
+    "top_p=0.9,gravity_lambda=0.5"   comma-separated key=value; dashes allowed (top-p=0.9)
+    "story,temperature=0.7"          a preset with overrides
+    "gravity_layers=0/1/2"           tuples use '/'; booleans are on/off
+
+All sides are decoded by their own :class:`~semviz.decoding.Decoder` over the one shared
+model, interleaved one token at a time, so a stop request leaves every side at the same
+length and both see the same machine load for the tokens/s figure. Each decoder draws from
+its own generator seeded with the same seed: where the kept sets agree the draws agree, so
+the first divergence is caused by the settings.
+
+Examples
+--------
+>>> parse_side("top_p=0.9,gravity_lambda=0.5").params.gravity_lambda
+0.5
+>>> parse_side("story,temperature=0.7").label
+'story,temperature=0.7'
+>>> first_divergence([1, 2, 3], [1, 2, 4])
+2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import html
+import math
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from semviz.metrics import METRIC_INFO, RunMetrics, run_metrics
+from semviz.presets import PRESETS
+from semviz.pruning import PruneParams
+from semviz.trace import StepRecord, Trace
+
+__all__ = [
+    "Comparison",
+    "Side",
+    "compare",
+    "comparison_figure",
+    "diff_html",
+    "first_divergence",
+    "markdown_table",
+    "parse_side",
+    "text_diff",
+]
+
+PLAIN = ("plain", "default", "none")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One setting under comparison."""
+
+    label: str
+    params: PruneParams
+
+    def changes(self) -> dict:
+        """Fields that differ from plain sampling (what a table should show)."""
+        base = PruneParams().to_dict()
+        return {k: v for k, v in self.params.to_dict().items() if base[k] != v}
+
+
+def _parse_value(name: str, raw: str):
+    hints = typing.get_type_hints(PruneParams)
+    hint = hints[name]
+    raw = raw.strip()
+    if hint is bool:
+        low = raw.lower()
+        if low in ("1", "on", "true", "yes"):
+            return True
+        if low in ("0", "off", "false", "no"):
+            return False
+        raise ValueError(f"{name}: expected on or off, got {raw!r}")
+    if hint is int:
+        return int(raw)
+    if hint is float:
+        return float(raw)
+    if typing.get_origin(hint) is typing.Literal:
+        return raw
+    # tuple[int, ...] | None
+    if raw.lower() in ("", "all", "none"):
+        return None
+    return tuple(int(x) for x in raw.replace(" ", "/").split("/") if x)
+
+
+def parse_side(spec: str, label: str | None = None) -> Side:
+    """A :class:`Side` from a spec (see the module docstring); ``ValueError`` names the part.
+
+    Parameters
+    ----------
+    spec : preset name, "plain", key=value overrides, or a preset followed by overrides.
+    label : shown in tables and charts; default the spec itself.
+    """
+    if spec is None or not spec.strip():
+        raise ValueError("a side is empty: give a preset name or key=value settings")
+    names = {f.name for f in dataclasses.fields(PruneParams)}
+    params = PruneParams()
+    changes: dict = {}
+    for i, part in enumerate(p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if "=" not in part:
+            if i != 0:
+                raise ValueError(f"{part!r}: only the first part may be a preset name")
+            if part.lower() in PLAIN:
+                continue
+            if part not in PRESETS:
+                raise ValueError(
+                    f"unknown preset {part!r}; choose from {', '.join(PRESETS)} or plain, "
+                    "or write key=value settings"
+                )
+            params = PRESETS[part].params
+            continue
+        key, raw = (s.strip() for s in part.split("=", 1))
+        key = key.replace("-", "_")
+        if key == "preset":
+            if i != 0 or raw not in PRESETS:
+                raise ValueError(f"preset={raw!r}: give a known preset as the first part")
+            params = PRESETS[raw].params
+            continue
+        if key not in names:
+            close = difflib.get_close_matches(key, sorted(names), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"{key!r} is not a pruning setting{hint}")
+        try:
+            changes[key] = _parse_value(key, raw)
+        except ValueError as exc:
+            raise ValueError(f"{key}={raw!r}: {exc}") from None
+    params = params.replace(**changes) if changes else params  # validates, naming the field
+    return Side(label=label or spec.strip(), params=params)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First index where the token sequences differ (or where one ends); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def text_diff(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, str, str]]:
+    """Token-level diff: ``[(op, a_text, b_text)]`` with op in equal/replace/delete/insert."""
+    sm = difflib.SequenceMatcher(a=list(a), b=list(b), autojunk=False)
+    return [(op, "".join(a[i1:i2]), "".join(b[j1:j2])) for op, i1, i2, j1, j2 in sm.get_opcodes()]
+
+
+def diff_html(a: Sequence[str], b: Sequence[str]) -> tuple[str, str]:
+    """Both texts as HTML with the differing runs highlighted (red in A, green in B)."""
+    left, right = [], []
+    for op, x, y in text_diff(a, b):
+        ex, ey = html.escape(x), html.escape(y)
+        if op == "equal":
+            left.append(ex)
+            right.append(ey)
+        else:
+            if x:
+                left.append(f'<span style="background:#fdd">{ex}</span>')
+            if y:
+                right.append(f'<span style="background:#dfd">{ey}</span>')
+    style = "font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word"
+    return (f'<div style="{style}">{"".join(p)}</div>' for p in (left, right))  # type: ignore[return-value]
+
+
+@dataclass
+class Comparison:
+    """Sides decoded on one prompt and seed."""
+
+    prompt: str
+    seed: int
+    sides: list[Side]
+    traces: list[Trace]
+    stopped: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return min((len(t.steps) for t in self.traces), default=0)
+
+    def metrics(self) -> list[RunMetrics]:
+        return [run_metrics(t) for t in self.traces]
+
+    def first_divergence(self, i: int = 0, j: int = 1) -> int | None:
+        return first_divergence(self.traces[i].token_ids, self.traces[j].token_ids)
+
+    def frame(self):
+        """One row per step and side: step, side, token, entropy, kept-set size (long form)."""
+        import pandas as pd
+
+        rows = []
+        for side, tr in zip(self.sides, self.traces, strict=True):
+            for s in tr.steps:
+                rows.append(
+                    {
+                        "step": s.index,
+                        "side": side.label,
+                        "token": s.token_text,
+                        "entropy": s.entropy,
+                        "n_kept": s.n_kept,
+                        "temperature": s.temperature,
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        out = {
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "stopped": self.stopped,
+            "steps": self.steps,
+            "sides": [
+                {
+                    "label": s.label,
+                    "changes": s.changes(),
+                    "text": t.text,
+                    "tokens": len(t.steps),
+                    "stop_reason": t.stop_reason,
+                    "metrics": _finite(m.to_dict()),
+                }
+                for s, t, m in zip(self.sides, self.traces, self.metrics(), strict=True)
+            ],
+        }
+        if len(self.sides) >= 2:
+            out["first_divergence"] = self.first_divergence()
+        return out
+
+
+def _finite(d: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def compare(
+    lm,
+    prompt: str,
+    sides: Sequence[Side],
+    *,
+    steps: int = 64,
+    seed: int = 0,
+    chat: bool | None = None,
+    capture: bool = False,
+    on_step: Callable[[int, StepRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    decoders: list | None = None,
+) -> Comparison:
+    """Decode ``steps`` tokens for every side, interleaved; stop early keeps what was made.
+
+    Parameters
+    ----------
+    lm : the shared ``LoadedModel``
+    sides : two or more :class:`Side` (one works too)
+    capture : record attention (not needed for the metrics; gravity turns it on when needed)
+    on_step : called as ``on_step(side_index, record)`` after every token
+    should_stop : polled before every token; True stops all sides where they are
+    decoders : continue these decoders (one per side) instead of starting new ones
+
+    Returns
+    -------
+    Comparison with one trace per side; ``stopped`` is True when ``should_stop`` ended it.
+    """
+    from semviz.decoding import Decoder, DecodeSettings
+
+    if not sides:
+        raise ValueError("compare needs at least one side")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if decoders is None:
+        settings = DecodeSettings(seed=seed, max_new_tokens=steps, chat=chat, capture=capture)
+        decoders = [Decoder(lm, prompt, s.params, settings) for s in sides]
+    stopped = False
+    for _ in range(steps):
+        if all(d.done for d in decoders):
+            break
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        for i, d in enumerate(decoders):
+            rec = d.step()
+            if rec is not None and on_step is not None:
+                on_step(i, rec)
+    cmp = Comparison(
+        prompt=prompt,
+        seed=seed,
+        sides=list(sides),
+        traces=[d.trace for d in decoders],
+        stopped=stopped,
+    )
+    cmp.extra["decoders"] = decoders
+    return cmp
+
+
+# -- tables ---------------------------------------------------------------------------------
+
+
+def _fmt(name: str, v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if name in ("steps",):
+        return str(int(v))
+    if name == "mean_kept":
+        return f"{v:.1f}"
+    if name == "tokens_per_s":
+        return f"{v:.1f}"
+    return f"{v:.3f}"
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table of metric rows (each ``{"side": label, <metric>: value, …}``)."""
+    cols = list(columns or METRIC_INFO)
+    head = ["side"] + [METRIC_INFO[c][0] if c in METRIC_INFO else c for c in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|"]
+    for r in rows:
+        cells = [f"`{r['side']}`"] + [_fmt(c, r.get(c)) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mean_rows(per_prompt: Sequence[Sequence[RunMetrics]], labels: Sequence[str]) -> list[dict]:
+    """Average each side's metrics over prompts: ``per_prompt[p][side]`` → one row per side."""
+    rows = []
+    for i, label in enumerate(labels):
+        ms = [run[i].to_dict() for run in per_prompt if i < len(run)]
+        row: dict = {"side": label}
+        for k in METRIC_INFO:
+            vals = [m[k] for m in ms if m[k] is not None and math.isfinite(m[k])]
+            if k == "steps":
+                row[k] = sum(vals)
+            else:
+                row[k] = sum(vals) / len(vals) if vals else None
+        rows.append(row)
+    return rows
+
+
+# -- figure ---------------------------------------------------------------------------------
+
+SIDE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def comparison_figure(cmp: Comparison):
+    """Entropy and kept-set size of every side on one step axis; the first divergence marked."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+        subplot_titles=["raw entropy H, nats", "kept-set size"],
+    )  # fmt: skip
+    for i, (side, tr) in enumerate(zip(cmp.sides, cmp.traces, strict=True)):
+        color = SIDE_COLORS[i % len(SIDE_COLORS)]
+        x = [s.index for s in tr.steps]
+        toks = [[s.token_text] for s in tr.steps]
+        fig.add_scatter(
+            x=x, y=[s.entropy for s in tr.steps], mode="lines+markers", marker={"size": 4},
+            name=side.label, legendgroup=side.label, line={"color": color}, customdata=toks,
+            hovertemplate="step %{x} %{customdata[0]!r}<br>H=%{y:.3f}<extra>" + side.label + "</extra>",
+            row=1, col=1,
+        )  # fmt: skip
+        fig.add_scatter(
+            x=x, y=[s.n_kept for s in tr.steps], mode="lines", line={"color": color, "shape": "hv"},
+            name=side.label, legendgroup=side.label, showlegend=False, customdata=toks,
+            hovertemplate="step %{x} %{customdata[0]!r}<br>kept %{y}<extra>" + side.label + "</extra>",
+            row=2, col=1,
+        )  # fmt: skip
+    fd = cmp.first_divergence() if len(cmp.traces) >= 2 else None
+    if fd is not None:
+        for r in (1, 2):
+            fig.add_vline(x=fd, line={"color": "#ff7f0e", "width": 2}, row=r, col=1)
+        fig.add_annotation(
+            x=fd, y=1.0, xref="x", yref="paper", text=f"first divergence: step {fd}",
+            showarrow=False, xanchor="left", yanchor="bottom", font={"color": "#ff7f0e"},
+        )  # fmt: skip
+    if any(s.n_kept > 50 for tr in cmp.traces for s in tr.steps):
+        fig.update_yaxes(type="log", row=2, col=1)
+    fig.update_xaxes(title="step", row=2, col=1)
+    fig.update_layout(
+        template="plotly_white", height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.15, "x": 0.0},
+    )  # fmt: skip
+    return fig

@@ -1,0 +1,144 @@
+"""Run metrics (seed §7.2): diversity, repetition, entropy, gravity, pruning and speed.
+
+All of them read a recorded :class:`~semviz.trace.Trace`, so a saved trace, a live run and
+each side of an A/B comparison are measured by the same code.
+
+Definitions, over the generated tokens only (the prompt is not counted):
+
+- ``distinct_1``, ``distinct_2``: distinct n-grams / n-grams (token ids). 1.0 means no
+  n-gram repeats; low values mean the text circles.
+- ``repetition_rate``: share of the 4-grams that already occurred earlier in the text
+  (the safety fallback's loop detector uses the same n by default).
+- ``mean_entropy``: mean raw next-token entropy, nats.
+- ``mean_gravity``: mean over steps of the largest normalised gravity potential among the
+  candidates (the seed's "引力势最大值"); None when gravity was off.
+- ``pruning_ratio``: mean share of the probability mass the filters removed (from the
+  recorded waterfall). 0 keeps everything, 0.9 means the token was drawn from 10 % of it.
+- ``mean_kept``: mean size of the final kept set.
+- ``tokens_per_s``: steps / (model forward + semviz time), so prefill and I/O are excluded.
+
+Examples
+--------
+>>> distinct_n([1, 2, 1, 2], 1)
+0.5
+>>> distinct_n([1, 2, 1, 2], 2)
+0.6666666666666666
+>>> repetition_rate([1, 2, 3, 4, 1, 2, 3, 4], n=4)
+0.2
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from semviz.trace import StepRecord, Trace
+
+__all__ = [
+    "METRIC_INFO",
+    "RunMetrics",
+    "distinct_n",
+    "pruned_mass",
+    "repetition_rate",
+    "run_metrics",
+]
+
+REPETITION_N = 4
+
+# name → (label, unit/direction) for tables and the app
+METRIC_INFO: dict[str, tuple[str, str]] = {
+    "steps": ("tokens", ""),
+    "distinct_1": ("distinct-1", "higher = more varied"),
+    "distinct_2": ("distinct-2", "higher = more varied"),
+    "repetition_rate": ("repetition rate", "share of repeated 4-grams"),
+    "mean_entropy": ("mean entropy", "nats"),
+    "mean_gravity": ("mean max gravity", "z-score, blank when off"),
+    "pruning_ratio": ("pruning ratio", "share of mass removed"),
+    "mean_kept": ("mean kept set", "tokens"),
+    "tokens_per_s": ("tokens/s", "forward + semviz"),
+}
+
+
+def _ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+
+
+def distinct_n(ids: Sequence[int], n: int) -> float:
+    """Distinct n-grams over all n-grams; nan when the text is shorter than ``n``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    grams = _ngrams(list(ids), n)
+    if not grams:
+        return float("nan")
+    return len(set(grams)) / len(grams)
+
+
+def repetition_rate(ids: Sequence[int], n: int = REPETITION_N) -> float:
+    """Share of n-grams that occurred earlier in ``ids``; nan when shorter than ``n``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    seen: set[tuple[int, ...]] = set()
+    repeats = 0
+    grams = _ngrams(list(ids), n)
+    for g in grams:
+        if g in seen:
+            repeats += 1
+        seen.add(g)
+    return repeats / len(grams) if grams else float("nan")
+
+
+def pruned_mass(rec: StepRecord) -> float:
+    """Share of the probability mass the step's pruning removed, in [0, 1].
+
+    Read from the recorded waterfall: each stage removed a fraction of the mass entering it,
+    measured on the distribution that stage looks at, so what survives every stage is the
+    product of the survivors' shares. Exact for any kept-set size (unlike counting the
+    recorded candidates, which stop at K).
+    """
+    kept = 1.0
+    for w in rec.waterfall:
+        kept *= 1.0 - min(max(float(w.get("mass_removed", 0.0)), 0.0), 1.0)
+    return 1.0 - kept
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """The metrics of one run (see the module docstring for definitions)."""
+
+    steps: int
+    distinct_1: float
+    distinct_2: float
+    repetition_rate: float
+    mean_entropy: float
+    mean_gravity: float | None
+    pruning_ratio: float
+    mean_kept: float
+    tokens_per_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def run_metrics(trace: Trace, upto: int | None = None) -> RunMetrics:
+    """Metrics of the first ``upto`` steps of ``trace`` (all by default)."""
+    steps = trace.steps[: len(trace.steps) if upto is None else upto]
+    ids = [s.token_id for s in steps]
+    grav = [float(s.gravity.max()) for s in steps if s.gravity is not None and s.gravity.numel()]
+    seconds = sum(s.t_forward + s.t_semviz for s in steps)
+    return RunMetrics(
+        steps=len(steps),
+        distinct_1=distinct_n(ids, 1),
+        distinct_2=distinct_n(ids, 2),
+        repetition_rate=repetition_rate(ids),
+        mean_entropy=_mean([s.entropy for s in steps]),
+        mean_gravity=_mean(grav) if grav else None,
+        pruning_ratio=_mean([pruned_mass(s) for s in steps]),
+        mean_kept=_mean([float(s.n_kept) for s in steps]),
+        tokens_per_s=len(steps) / seconds if seconds > 0 else float("nan"),
+    )
