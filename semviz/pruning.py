@@ -438,13 +438,18 @@ def entropy_stats(logits: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
     ``-inf`` entries contribute zero (no NaN). Returns 0-d tensors for 1-D input, else one
     value per row.
     """
-    x = logits.float()
+    h, var, _, _ = _entropy_parts(logits.float(), dim)
+    return h, var
+
+
+def _entropy_parts(x: Tensor, dim: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(H, varentropy, log p, p)`` of ``softmax(x)``: one normaliser, shared by the callers."""
     logp = torch.log_softmax(x, dim=dim)  # (..., V)
     p = logp.exp()
-    logp0 = torch.where(p > 0, logp, 0.0)  # (..., V) 0·(-inf) -> 0
-    h = -(p * logp0).sum(dim)  # (...)
-    var = (p * (logp0 + h.unsqueeze(dim)).square()).sum(dim)  # centred: no cancellation
-    return h.clamp_min(0.0), var.clamp_min(0.0)
+    # a masked token gives 0·(-inf) = NaN: nansum drops exactly those terms
+    h = -(p * logp).nansum(dim)  # (...)
+    var = (p * (logp + h.unsqueeze(dim)).square()).nansum(dim)  # centred: no cancellation
+    return h.clamp_min(0.0), var.clamp_min(0.0), logp, p
 
 
 def free_energy(scores: Tensor, temperature: float, kept: Tensor | None = None) -> float:
@@ -490,6 +495,10 @@ def stable_head(x: Tensor, k: int) -> Tensor:
 def _protect_head(x: Tensor, n: int) -> Tensor:
     """Mask (B, V) that is True on the first ``n`` entries of each row's stable order."""
     prot = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+    if n == 1:
+        # max(dim) returns the first maximal index: the stable order's head, no top-k
+        prot.scatter_(-1, x.max(-1, keepdim=True).indices, True)
+        return prot
     for b in range(x.shape[0]):
         prot[b, stable_head(x[b], n)[:n]] = True
     return prot
@@ -703,9 +712,13 @@ def _check_logits(logits: Tensor) -> Tensor:
     if logits.dim() != 1:
         raise ValueError(f"logits must be 1-D (K,), got shape {tuple(logits.shape)}")
     x = logits.detach().float()
-    if torch.isnan(x).any() or torch.isposinf(x).any():
+    if x.numel() == 0:
+        raise ValueError("logits must contain at least one finite entry")
+    # one reduction answers all three checks: max propagates NaN and shows +inf / all -inf
+    mx = float(x.max())
+    if math.isnan(mx) or mx == math.inf:
         raise ValueError("logits must not contain NaN or +inf")
-    if not torch.isfinite(x).any():
+    if mx == NEG_INF:
         raise ValueError("logits must contain at least one finite entry")
     return x
 
@@ -762,6 +775,12 @@ def default_params(params: PruneParams) -> PruneParams:
     )
 
 
+# Index sets at least this long run the filters on a short sorted head (see _head_filters).
+HEAD_MIN_K = 512
+_HEAD_START = 256
+_HEAD_MAX = 16384
+
+
 def prune(
     logits: Tensor,
     params: PruneParams,
@@ -794,32 +813,35 @@ def prune(
     x = _check_logits(logits)  # (K,)
     K = x.shape[0]
     waterfall: list[Stage] = []
+    finite = x > NEG_INF  # (K,)
+    n_alive = int(torch.count_nonzero(finite))
+    dense = n_alive == K  # nothing masked: every "masked(·, alive)" is the tensor itself
 
     # -- raw ---------------------------------------------------------------------------
+    # one log-softmax gives the raw probabilities, log-probabilities and entropy moments
     if tail_logsumexp is not None:
         tail = torch.as_tensor(tail_logsumexp, dtype=torch.float32).reshape(())
         ext = torch.cat([x, tail.view(1)])  # (K+1,) tail lumped as one outcome
-        h_raw, v_raw = entropy_stats(ext)
-        p_raw = torch.softmax(ext, -1)[:K]  # (K,) exact
+        h_raw, v_raw, _, p_ext = _entropy_parts(ext)
+        p_raw = p_ext[:K]  # (K,) exact
         tail_mass = float(1.0 - p_raw.sum().clamp(max=1.0))
+        waterfall.append(Stage("candidates", n_alive, tail_mass))
+        logp_raw = None
     else:
-        h_raw, v_raw = entropy_stats(x)
-        p_raw = torch.softmax(x, -1)  # (K,)
+        h_raw, v_raw, logp_raw, p_raw = _entropy_parts(x)  # (K,) each
         tail_mass = 0.0
-    finite = torch.isfinite(x)  # (K,)
-    if tail_logsumexp is not None:
-        waterfall.append(Stage("candidates", int(finite.sum()), tail_mass))
 
     g = None
     if gravity is not None:
         if gravity.shape != x.shape:
             raise ValueError(f"gravity shape {tuple(gravity.shape)} != logits {tuple(x.shape)}")
         g = gravity.detach().float()
-        g = torch.where(torch.isfinite(g), g, torch.zeros_like(g))
+        g = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
 
-    logp_raw = torch.log_softmax(x, -1)  # (K,) over the set
     dominance = None
     if g is not None and params.gravity_lambda != 0.0:
+        if logp_raw is None:
+            logp_raw = torch.log_softmax(x, -1)  # (K,) over the set
         dominance = gravity_dominance(logp_raw, g, params.gravity_lambda, params.rerank_k)
 
     reason = None
@@ -830,19 +852,30 @@ def prune(
             eff = default_params(params)
 
     # -- gravity -------------------------------------------------------------------------
-    alive = finite.clone()  # (K,) tokens still in play
+    alive = finite  # (K,) tokens still in play
     s = x  # (K,) adjusted score, log P + λG up to a constant
     if g is not None and eff.gravity_lambda != 0.0:
         if eff.gravity_mode == "rerank":
             cand = top_k_mask(x, eff.rerank_k, eff.min_tokens_to_keep, "stable")[0] & finite
             waterfall.append(_stage("rerank", p_raw / max(p_raw.sum(), 1e-30), alive, cand))
             alive = cand
+            n_alive = int(torch.count_nonzero(alive))
+            dense = n_alive == K
             s = _masked(x + eff.gravity_lambda * g, alive)
         else:
             s = x + eff.gravity_lambda * g
-            waterfall.append(Stage("gravity", int(alive.sum()), 0.0))
-    p_grav = torch.softmax(s, -1)  # (K,)
-    h_s = float(entropy_stats(s)[0]) if (eff.free_energy or eff.adaptive != "none") else None
+            waterfall.append(Stage("gravity", n_alive, 0.0))
+    if s is x:
+        p_grav, logp_s = p_raw if tail_logsumexp is None else None, logp_raw
+    else:
+        p_grav, logp_s = None, None
+    h_s = None
+    if eff.free_energy or eff.adaptive != "none":
+        h_s_t, _, logp_s, p_s = _entropy_parts(s)
+        h_s = float(h_s_t)
+        p_grav = p_s if p_grav is None else p_grav
+    if p_grav is None:
+        p_grav = torch.softmax(s, -1)  # (K,)
 
     # -- temperature -----------------------------------------------------------------------
     greedy = eff.temperature == 0.0
@@ -856,22 +889,69 @@ def prune(
     greedy = greedy or t < T_GREEDY  # NaN (decided later) compares False
 
     if greedy:
-        arg = int(torch.argmax(s))  # first maximal index
+        arg = int(s.max(0).indices)  # first maximal index
         kept = torch.zeros(K, dtype=torch.bool)
         kept[arg] = True
         final = kept.float()
-        p_temp = final.clone()
-        waterfall.append(_stage("greedy", p_grav, alive, kept))
+        m_in = float(p_grav.sum()) if dense else _mass(p_grav, alive)
+        removed = m_in - float(p_grav[arg])
+        waterfall.append(Stage("greedy", 1, removed / m_in if m_in > 0 else 0.0))
         return _result(
-            eff, params, p_raw, p_grav, p_temp, final, kept, waterfall, h_raw, v_raw, 0.0,
-            s, g, reason, dominance, tail_mass, arg, None, state, True,
+            eff, params, p_raw, p_grav, final.clone(), final, kept, waterfall, h_raw, v_raw,
+            0.0, s, g, reason, dominance, tail_mass, arg, None, state, True,
+            kept_idx=torch.tensor([arg]),
         )  # fmt: skip
 
     # -- filters ---------------------------------------------------------------------------
     block_in = s / t if eff.order == "hf" else s  # (K,) what the filters look at
-    filters = _filters(eff, eff.temperature if math.isnan(t) else t, h_s)
+    t_f = eff.temperature if math.isnan(t) else t
+    filters = _filters(eff, t_f, h_s)
+    block = block_in if dense else _masked(block_in, alive)  # (K,)
+    p_block = torch.softmax(block.unsqueeze(0), -1)[0] if filters else None  # (K,)
+    cur = None
+    if filters and _head_ok(eff, K):
+        cur = _head_filters(eff, block, s, alive, n_alive, p_block, t_f, h_s, waterfall)
+    if cur is None:
+        cur = _full_filters(eff, filters, block_in, s, alive, p_block, waterfall)
+
+    if eff.order == "llama.cpp":
+        if eff.adaptive == "dynatemp":
+            t = adaptive_temperature(eff, _masked(s, cur))
+        elif math.isnan(t):
+            t = eff.temperature
+        t = max(t, T_GREEDY)
+        waterfall.append(Stage("temperature", int(torch.count_nonzero(cur)), 0.0))
+    # temperature, before truncation; in "hf" order that is the filters' own input
+    if eff.order == "hf" and p_block is not None:
+        p_temp = p_block
+    else:
+        p_temp = torch.softmax((s if dense else _masked(s, alive)) / t, -1)  # (K,)
+
+    if eff.adaptive == "mirostat":
+        mu = state.mirostat_mu if state is not None and state.mirostat_mu is not None else None
+        mirostat_mu = 2.0 * eff.mirostat_tau if mu is None else mu
+        after = cur & mirostat_mask(_masked(s / t, cur), mirostat_mu, eff.min_tokens_to_keep)[0]
+        waterfall.append(_stage("mirostat", torch.softmax(_masked(s / t, cur), -1), cur, after))
+        cur = after
+
+    kept = cur
+    kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
+    if kept_idx.numel() == K:
+        final = torch.softmax(s / t, -1)  # (K,)
+    else:
+        z = torch.full((K,), NEG_INF)
+        z[kept_idx] = s[kept_idx] / t  # the same values as masking s/t: same softmax
+        final = torch.softmax(z, -1)  # (K,)
+    arg = int(kept_idx[final[kept_idx].max(0).indices])  # first maximal index
+    return _result(
+        eff, params, p_raw, p_grav, p_temp, final, kept, waterfall, h_raw, v_raw, t,
+        s, g, reason, dominance, tail_mass, arg, mirostat_mu, state, False, kept_idx=kept_idx,
+    )  # fmt: skip
+
+
+def _full_filters(eff, filters, block_in, s, alive, p_block, waterfall) -> Tensor:
+    """The filters as full-length masks: any tie rule, any filter. Returns ``kept`` (K,)."""
     cur = alive.clone()
-    p_block = torch.softmax(_masked(block_in, alive), -1) if filters else None  # (K,)
     for name, fn in filters:
         src = _masked(block_in, cur) if eff.combine == "sequential" else _masked(block_in, alive)
         keep = fn(src, s)[0]
@@ -889,30 +969,168 @@ def prune(
         # mass ratios are the same in any renormalisation, so one softmax serves every stage
         waterfall.append(_stage(name, p_block, cur, after))
         cur = after
+    return cur
 
-    if eff.order == "llama.cpp":
-        if eff.adaptive == "dynatemp":
-            t = adaptive_temperature(eff, _masked(s, cur))
-        elif math.isnan(t):
-            t = eff.temperature
-        t = max(t, T_GREEDY)
-        waterfall.append(Stage("temperature", int(cur.sum()), 0.0))
-    p_temp = torch.softmax(_masked(s, alive) / t, -1)  # (K,) temperature, before truncation
 
-    if eff.adaptive == "mirostat":
-        mu = state.mirostat_mu if state is not None and state.mirostat_mu is not None else None
-        mirostat_mu = 2.0 * eff.mirostat_tau if mu is None else mu
-        after = cur & mirostat_mask(_masked(s / t, cur), mirostat_mu, eff.min_tokens_to_keep)[0]
-        waterfall.append(_stage("mirostat", torch.softmax(_masked(s / t, cur), -1), cur, after))
-        cur = after
+def _head_ok(p: PruneParams, K: int) -> bool:
+    """Whether :func:`_head_filters` applies: long index sets, stable ties, no typical."""
+    return K >= HEAD_MIN_K and p.tie_rule == "stable" and p.typical_p >= 1.0
 
-    kept = cur
-    final = torch.softmax(_masked(s / t, kept), -1)  # (K,)
-    arg = int(torch.argmax(final))
-    return _result(
-        eff, params, p_raw, p_grav, p_temp, final, kept, waterfall, h_raw, v_raw, t,
-        s, g, reason, dominance, tail_mass, arg, mirostat_mu, state, False,
-    )  # fmt: skip
+
+def _head_filters(
+    eff: PruneParams,
+    block: Tensor,
+    s: Tensor,
+    alive: Tensor,
+    n_alive: int,
+    p_block: Tensor,
+    t: float,
+    h_s: float | None,
+    waterfall: list[Stage],
+) -> Tensor | None:
+    """The filters evaluated on a short head of the stable order; the same kept set as
+    :func:`_full_filters` (tie rule "stable", no typical), or None when no head is enough.
+
+    Every such filter keeps an upper set of the tokens ordered by its input (top-k and
+    top-p a prefix of the stable order, min-p / epsilon / eta / mirostat a threshold on the
+    probability, free energy a threshold on ``s``, which ``block = s/T`` orders the same way
+    up to rounding ties). The head holds every token tied with its last value, so each token
+    outside it is strictly below every token inside it, in ``block`` and in ``s``. A filter
+    that removes any token of the head therefore removes every token outside it, and from
+    then on the chain only needs the head. Each value on the head is computed exactly as the
+    full-length mask computes it (same softmax over the same full-length input), so the kept
+    sets are identical. When no filter removes anything from the head, the head is grown;
+    past ``_HEAD_MAX`` the full-length path takes over.
+    """
+    K = block.shape[0]
+    m = eff.min_tokens_to_keep
+    seq = eff.combine == "sequential"
+    # a head one longer than top-k lets top-k alone bound it
+    size = max(_HEAD_START, m, eff.top_k + 1 if eff.top_k > 0 else 0)
+    while True:
+        head = stable_head(block, min(size, n_alive))  # (H,) stable order of block
+        covers = head.numel() >= n_alive
+        rows = _head_pass(eff, block, s, alive, n_alive, p_block, t, h_s, head, covers, seq, m)
+        if rows is not None:
+            cur_h, stages = rows
+            waterfall.extend(stages)
+            cur = torch.zeros(K, dtype=torch.bool)
+            cur[head[cur_h]] = True
+            return cur
+        if size >= _HEAD_MAX or size >= n_alive:
+            return None
+        size *= 4
+
+
+def _head_pass(eff, block, s, alive, n_alive, p_block, t, h_s, head, covers, seq, m):
+    """One try of :func:`_head_filters` on ``head`` (H,); None when the head is too short."""
+    K = block.shape[0]
+    H = head.numel()
+    bh = block[head]  # (H,) descending, ties by index
+    sh = s[head]  # (H,)
+    in_h = alive[head]  # (H,) cur restricted to the head
+    bounded = covers  # True once every token outside the head is out
+    n_cur = n_alive
+    stages: list[Stage] = []
+    p_in = float(p_block.sum())  # mass of cur under p_block, while cur is all alive
+
+    def full_from_head(mask_h: Tensor, values: Tensor) -> Tensor:
+        z = torch.full((K,), NEG_INF)
+        z[head[mask_h]] = values[mask_h]
+        return z
+
+    for name in _filter_names(eff):
+        # the input this filter sees: block masked by cur (sequential) or by alive
+        if seq and bounded and n_cur < n_alive:
+            src_h = in_h
+            src_full = full_from_head(in_h, bh)  # == _masked(block, cur), bit for bit
+            probs = None
+        else:
+            src_h = alive[head]
+            src_full = block
+            probs = p_block
+        rank = torch.cumsum(src_h, 0) - 1  # (H,) position among the input's finite tokens
+        protect = src_h & (rank < m)  # first m of the input's stable order
+        if name in ("top_p", "min_p", "epsilon", "eta") and probs is None:
+            probs = torch.softmax(src_full.unsqueeze(0), -1)[0]
+        ph = probs[head] if probs is not None else None  # (H,)
+        if name == "top_k":
+            kk = min(max(eff.top_k, m), K)
+            keep = src_h & (rank < kk)
+        elif name == "top_p":
+            q = ph[src_h]  # (n,) in stable order
+            before = q.cumsum(0) - q  # mass strictly ahead of each token
+            inside = before < eff.top_p
+            if not bounded and bool(inside.all()):
+                return None  # the nucleus may reach past the head
+            inside[:m] = True
+            keep = torch.zeros(H, dtype=torch.bool)
+            keep[src_h] = inside
+        elif name == "min_p":
+            pmax = ph[src_h].max()
+            keep = ~(ph < eff.min_p * pmax) | protect
+        elif name == "epsilon":
+            keep = ~(ph < eff.epsilon) | protect
+        elif name == "eta":
+            h, _ = entropy_stats(src_full.unsqueeze(0))
+            eta = torch.clamp(math.sqrt(eff.eta) * torch.exp(-h), max=eff.eta)  # (1,)
+            keep = ~(ph < eta) | protect
+        else:  # free_energy, on the T = 1 scores with the same removals
+            s2 = sh if bool(src_h.all()) else torch.where(src_h, sh, NEG_INF)  # (H,)
+            n_src = n_cur if seq else n_alive  # finite entries of this stage's input
+            if seq and n_src < K:
+                # sequential with removals: the entropy of what this stage sees, computed on
+                # the same full-length input as free_energy_mask computes it
+                s2_full = full_from_head(src_h, sh) if bounded else _masked(s, alive)
+                h_t = entropy_stats(s2_full.unsqueeze(0))[0]  # (1,)
+            else:
+                h_t = torch.as_tensor(h_s).reshape(-1)  # (1,)
+            window = eff.free_energy_kappa * t * h_t  # (1,) as free_energy_mask rounds it
+            gap = s2.max() - s2  # (H,) U(w) - U_min
+            keep = (gap <= window) | _protect_by(s2, head, m)
+        after = in_h & keep
+        if not bounded:
+            if bool(after[in_h].all()):
+                # nothing in the head removed, so nothing outside is either
+                stages.append(Stage(name, n_cur, 0.0))
+                continue
+            bounded = True
+        n_after = int(after.sum())
+        need = min(m, n_cur)
+        if n_after < need:
+            # top up with the stage's most probable inputs, in stable order (head order)
+            for i in torch.nonzero(in_h & ~after).flatten().tolist():
+                after[i] = True
+                n_after += 1
+                if n_after >= need:
+                    break
+        m_in = p_in if n_cur == n_alive else float(p_block[head[in_h]].sum())
+        removed = m_in - float(p_block[head[after]].sum())
+        stages.append(Stage(name, n_after, max(removed, 0.0) / m_in if m_in > 0 else 0.0))
+        in_h, n_cur = after, n_after
+    if not bounded:
+        return None
+    return in_h, stages
+
+
+def _protect_by(values_h: Tensor, head: Tensor, n: int) -> Tensor:
+    """First ``n`` head entries in stable order of ``values_h`` (H,) (ties: lower index)."""
+    if n == 1:
+        # lowest index among the maxima
+        top = values_h == values_h.max()
+        i = int(torch.argmin(torch.where(top, head, head.max() + 1)))
+        out = torch.zeros_like(top)
+        out[i] = True
+        return out
+    by_index = torch.argsort(head)  # (H,) ascending token index
+    order = by_index[torch.sort(values_h[by_index], descending=True, stable=True).indices]
+    out = torch.zeros(values_h.shape, dtype=torch.bool)
+    out[order[:n]] = True
+    return out
+
+
+def _filter_names(p: PruneParams) -> list[str]:
+    return [name for name, _ in _filters(p, 1.0, None)]
 
 
 def _filters(p: PruneParams, t: float, h_s: float | None):
@@ -947,19 +1165,24 @@ def _filters(p: PruneParams, t: float, h_s: float | None):
 
 def _result(
     eff, params, p_raw, p_grav, p_temp, final, kept, waterfall, h_raw, v_raw, t,
-    s, g, reason, dominance, tail_mass, arg, mirostat_mu, state, greedy,
+    s, g, reason, dominance, tail_mass, arg, mirostat_mu, state, greedy, *, kept_idx,
 ) -> PruneResult:  # fmt: skip
-    h_s, _ = entropy_stats(torch.log(final[kept]))  # kept entries only: often few
+    n_kept = kept_idx.numel()
+    if greedy:
+        h_s, f = 0.0, float(-s[arg])
+    else:
+        h_s = float(entropy_stats(torch.log(final[kept_idx]))[0])  # kept entries: often few
+        f = float(-t * torch.logsumexp(s[kept_idx] / t, -1))
     return PruneResult(
         index_probs={"raw": p_raw, "gravity": p_grav, "temperature": p_temp, "final": final},
         kept=kept,
         waterfall=waterfall,
         entropy_raw=float(h_raw),
         varentropy_raw=float(v_raw),
-        entropy_sampled=float(h_s) if not greedy else 0.0,
+        entropy_sampled=h_s,
         temperature=float(t),
-        free_energy=free_energy(s, t, kept),
-        n_kept=int(kept.sum()),
+        free_energy=f,
+        n_kept=n_kept,
         fallback=reason,
         gravity=g if eff.gravity_lambda != 0.0 else None,
         greedy=greedy,
@@ -992,17 +1215,29 @@ def choose(
     if result.greedy:
         idx = result.argmax
     else:
-        probs = result.index_probs["final"].double()  # (K,)
-        idx_kept = torch.nonzero(probs > 0).flatten()  # (n,) ascending index
-        order = idx_kept[torch.sort(probs[idx_kept], descending=True, stable=True).indices]
-        cdf = probs[order].cumsum(0)  # (n,)
-        pos = int(
-            torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True)
-        )
-        pos = min(pos, order.numel() - 1)
-        idx = int(order[pos])
+        idx = _inverse_cdf(result.index_probs["final"], u)
     st = state if state is not None else result.state
     if st is not None and not result._observed:
         st.observe(result, idx, token_id)
         result._observed = True
     return idx
+
+
+def _inverse_cdf(probs: Tensor, u: float) -> int:
+    """Index at CDF position ``u·total`` of ``probs`` (K,) in stable descending order.
+
+    Only the head of the order that the CDF crosses is sorted (grown 8× until it holds
+    ``u·total``), so a wide final distribution costs a top-k, not a sort of the vocabulary.
+    The total is summed in index order, so the pick does not depend on the head's length.
+    """
+    p = probs.double()  # (K,)
+    n = max(int(torch.count_nonzero(p > 0)), 1)  # tokens that can be picked
+    target = torch.tensor([u * float(p.sum())], dtype=torch.float64)
+    k = min(256, n)
+    while True:
+        head = stable_head(p, k) if k < n else stable_order(p.unsqueeze(0))[0][:n]  # (k',)
+        cdf = p[head].cumsum(0)  # (k',)
+        pos = int(torch.searchsorted(cdf, target, right=True))
+        if pos < cdf.numel() or k >= n:
+            return int(head[min(pos, n - 1, head.numel() - 1)])
+        k = min(8 * k, n)
