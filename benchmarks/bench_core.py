@@ -7,10 +7,13 @@ Prints, side by side:
 - one full core step on V = vocabulary: gravity (attention mass, cosine, embedding space,
   64 context tokens) + prune (temperature, top-k, top-p, min-p, free energy, target
   adaptive temperature, fallback) + choose; and its ratio to the forward (goal < 10%);
-- gravity alone at 4096 and at 64 context tokens, and their ratio (goal <= 1.5).
+- gravity alone at 4096 and at 64 context tokens, and their ratio (goal <= 1.5);
+- prune + choose for greedy (T=0) and plain sampling (T=1), as the decoder calls them, over
+  the forward (each should be a small fraction: the decoder's overhead goal is <= 15%);
+- the what-if replay's core work: 256 recorded steps of K=1024 candidates (goal < 1 s).
 
-The four are timed round-robin and each ratio is the median of per-round ratios, so
-both sides of a ratio see the same machine load. Times are medians; nothing is asserted.
+Everything is timed round-robin and each ratio is the median of per-round ratios, so both
+sides of a ratio see the same machine load. Times are medians; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -31,23 +34,25 @@ from semviz.gravity import gravity_for_step  # noqa: E402
 from semviz.pruning import PruneParams, SamplerState, choose, prune  # noqa: E402
 
 
-def interleaved(fns, repeats: int, warmup: int = 3):
-    """Median ms of each fn, timed round-robin, plus median per-round ratios fn1/fn0, fn3/fn2."""
+def interleaved(fns: dict, repeats: int, ratios: dict, warmup: int = 3):
+    """Median ms of each fn, timed round-robin, and median per-round ratios ``a / b``.
+
+    ``ratios`` maps a name to ``(a, b)``, names of ``fns``.
+    """
     for _ in range(warmup):
-        for fn in fns:
+        for fn in fns.values():
             fn()
     rounds = []
     for _ in range(repeats):
-        row = []
-        for fn in fns:
+        row = {}
+        for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
-            row.append(1e3 * (time.perf_counter() - t0))
+            row[name] = 1e3 * (time.perf_counter() - t0)
         rounds.append(row)
-    med = [statistics.median(r[i] for r in rounds) for i in range(len(fns))]
-    r_core = statistics.median(r[1] / r[0] for r in rounds)
-    r_grav = statistics.median(r[3] / r[2] for r in rounds)
-    return (*med, r_core, r_grav)
+    med = {name: statistics.median(r[name] for r in rounds) for name in fns}
+    rat = {k: statistics.median(r[a] / r[b] for r in rounds) for k, (a, b) in ratios.items()}
+    return med, rat
 
 
 def main() -> None:
@@ -108,30 +113,71 @@ def main() -> None:
         def g4k() -> None:
             gravity_for_step(model, params, context_ids=ids4k, attention=attn4k)
 
+        greedy_p, plain_p = PruneParams(temperature=0.0), PruneParams()
+
+        def greedy() -> None:
+            choose(prune(logits, greedy_p, state=state.copy()), 0.5)
+
+        def plain() -> None:
+            choose(prune(logits, plain_p, state=state.copy()), 0.5)
+
+        # what-if replay: 256 recorded steps, top-1024 candidates with the tail's logsumexp
+        steps = []
+        for _ in range(256):
+            x = torch.randn(V, generator=gen) * 3
+            top = torch.topk(x, 1024)
+            rest = x.scatter(0, top.indices, float("-inf"))
+            steps.append((top.values, torch.logsumexp(rest, 0), torch.randn(1024, generator=gen)))
+        whatif_p = PruneParams(temperature=0.8, top_p=0.95, gravity_lambda=0.3)
+
+        def replay256() -> None:
+            st = SamplerState()
+            for cand, tail, g in steps:
+                choose(prune(cand, whatif_p, gravity=g, state=st, tail_logsumexp=tail), 0.5)
+
         # interleaved, so each ratio compares timings taken under the same machine load
-        t_forward, t_core, t_g64, t_g4k, r_core, r_grav = interleaved(
-            [forward, core_step, g64, g4k], args.repeats
-        )
+        fns = {"forward": forward, "core": core_step, "g64": g64, "g4k": g4k,
+               "greedy": greedy, "plain": plain, "replay": replay256}  # fmt: skip
+        ratios = {
+            "core": ("core", "forward"),
+            "gravity": ("g4k", "g64"),
+            "greedy": ("greedy", "forward"),
+            "plain": ("plain", "forward"),
+        }
+        med, rat = interleaved(fns, args.repeats, ratios)
 
     res = {
         "model": loaded.name,
         "vocab": V,
         "threads": torch.get_num_threads(),
-        "decode_forward_ms": round(t_forward, 3),
-        "core_step_ms": round(t_core, 3),
-        "core_over_forward": round(r_core, 4),
-        "gravity_64_ms": round(t_g64, 3),
-        "gravity_4096_ms": round(t_g4k, 3),
-        "gravity_4096_over_64": round(r_grav, 3),
+        "decode_forward_ms": round(med["forward"], 3),
+        "core_step_ms": round(med["core"], 3),
+        "core_over_forward": round(rat["core"], 4),
+        "gravity_64_ms": round(med["g64"], 3),
+        "gravity_4096_ms": round(med["g4k"], 3),
+        "gravity_4096_over_64": round(rat["gravity"], 3),
+        "greedy_prune_ms": round(med["greedy"], 3),
+        "greedy_over_forward": round(rat["greedy"], 4),
+        "plain_prune_ms": round(med["plain"], 3),
+        "plain_over_forward": round(rat["plain"], 4),
+        "replay_256x1024_ms": round(med["replay"], 2),
     }
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    print(f"model {res['model']}  V={V}  threads={res['threads']}")
-    print(f"{'decode forward':<28}{t_forward:9.2f} ms")
-    print(f"{'core step (full chain)':<28}{t_core:9.2f} ms   ratio {r_core:6.1%}   (goal < 10%)")
-    print(f"{'gravity, 64 ctx tokens':<28}{t_g64:9.2f} ms")
-    print(f"{'gravity, 4096 ctx tokens':<28}{t_g4k:9.2f} ms   ratio {r_grav:6.2f}x  (goal <= 1.5x)")
+    r = rat
+    print(f"model {res['model']}  V={V}  threads={res['threads']}  repeats={args.repeats}")
+    print(f"{'decode forward':<28}{med['forward']:9.2f} ms")
+    print(
+        f"{'core step (full chain)':<28}{med['core']:9.2f} ms   ratio {r['core']:6.1%}   (goal < 10%)"
+    )
+    print(f"{'gravity, 64 ctx tokens':<28}{med['g64']:9.2f} ms")
+    print(
+        f"{'gravity, 4096 ctx tokens':<28}{med['g4k']:9.2f} ms   ratio {r['gravity']:6.2f}x  (goal <= 1.5x)"
+    )
+    print(f"{'prune+choose, greedy':<28}{med['greedy']:9.2f} ms   ratio {r['greedy']:6.1%}")
+    print(f"{'prune+choose, T=1':<28}{med['plain']:9.2f} ms   ratio {r['plain']:6.1%}")
+    print(f"{'replay 256 steps, K=1024':<28}{med['replay']:9.2f} ms   (goal < 1000 ms)")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,14 @@ def gravity_potential(
 def normalize_gravity(g: Tensor, dim: int = -1) -> Tensor:
     """Z-score ``g`` along ``dim`` over its finite entries; zero spread gives zeros."""
     x = g.float()
+    if x.dim() == 1 and bool(torch.isfinite(x.sum())):
+        # every entry finite (the usual case): two reductions and one pass, no masks
+        mean = x.mean()
+        d = x - mean  # (V,)
+        std = (torch.dot(d, d) / max(x.numel(), 1)).sqrt()
+        if not bool(std > 1e-6 * (mean.abs() + 1.0)):
+            return torch.zeros_like(x)
+        return d / std.clamp_min(_EPS)
     finite = torch.isfinite(x)
     x0 = torch.where(finite, x, torch.zeros_like(x))
     n = finite.sum(dim, keepdim=True).clamp_min(1)
@@ -271,9 +279,12 @@ def gravity_for_step(
     """
     space, sim = params.gravity_space, params.gravity_sim
     cand = candidate_matrix(model, space, sim)  # (V, d)
+    rows = None
     if space == "embedding" and context_ids is not None:
-        # same space and matrix: the context rows are rows of the cached candidates
-        ctx = cand[context_ids.long().flatten()]  # (N, d), unit rows for cosine
+        # same space and matrix: the context rows are rows of the cached candidates, summed
+        # below straight from the matrix (embedding_bag) instead of gathered into an (N, d)
+        rows = context_ids.long().flatten()  # (N,)
+        ctx = None
     else:
         ctx = context_vectors(model, space, context_ids=context_ids, hidden=hidden)  # (N, d)
     mass = context_mass(
@@ -286,11 +297,19 @@ def gravity_for_step(
         context_ids=context_ids,
         embed=_weight(model, "embedding") if params.gravity_mass == "norm" else None,
         vectors=None,
-        n=ctx.shape[0],
+        n=rows.numel() if ctx is None else ctx.shape[0],
     )  # (N,)
     if params.gravity_mass == "ema" and state is not None:
         state.attention_ema = mass
-    g = gravity_potential(
-        cand, ctx, mass, sim, normalized=True, context_normalized=space == "embedding"
-    )  # (V,)
+    if ctx is None:
+        if rows.numel() != mass.numel():
+            raise ValueError(f"context has {rows.numel()} rows but mass has {mass.numel()}")
+        # Σ_i m_i ĉ_{t_i}: one weighted pass over N rows of the cached matrix, so 4,096
+        # context tokens cost little next to the (V, d) product
+        pull = torch.nn.functional.embedding_bag(
+            rows.view(1, -1), cand, per_sample_weights=mass.float().view(1, -1), mode="sum"
+        )[0]  # (d,)
+        g = cand @ pull  # (V,)
+    else:
+        g = gravity_potential(cand, ctx, mass, sim, normalized=True)  # (V,)
     return normalize_gravity(g) if normalize else g

@@ -109,3 +109,23 @@ def test_gravity_for_step_updates_ema(tiny_llama):
     attn = torch.softmax(torch.randn(2, 4, 3), -1)
     g = gv.gravity_for_step(tiny_llama, p, context_ids=ids, attention=attn, state=st)
     assert g.shape == (256,) and st.attention_ema.shape == (3,)
+
+
+@pytest.mark.parametrize("sim", ["cosine", "dot"])
+def test_gravity_for_step_sums_context_rows_from_the_cache(tiny_llama, sim):
+    """The embedding-space pull is summed from the cached matrix (no (N, d) gather)."""
+    ids = torch.tensor([5, 9, 9, 200, 3])
+    attn = torch.softmax(torch.randn(2, 4, 5), -1)
+    p = PruneParams(gravity_lambda=1.0, gravity_sim=sim, gravity_mass="attention")
+    got = gv.gravity_for_step(tiny_llama, p, context_ids=ids, attention=attn, normalize=False)
+    emb = tiny_llama.get_input_embeddings().weight.detach()
+    want = brute(emb, emb[ids], attn.mean((0, 1)), sim)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_normalize_gravity_dense_path_matches_masked_path():
+    g = torch.randn(5000) * 0.03 + 0.2
+    dense = gv.normalize_gravity(g)
+    masked = gv.normalize_gravity(torch.cat([g, torch.tensor([float("-inf")])]))[:-1]
+    torch.testing.assert_close(dense, masked, atol=1e-5, rtol=1e-5)
+    assert torch.equal(gv.normalize_gravity(torch.full((7,), 0.25)), torch.zeros(7))
