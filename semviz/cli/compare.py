@@ -152,7 +152,8 @@ def write_markdown(path: str, out: dict, rows: list[dict], command: str) -> None
         "",
         f"Model `{out['model']}`, seed {out['seed']}, {out['steps']} new tokens per prompt and "
         f"side, {len(out['runs'])} prompts; metrics are averaged over the prompts "
-        "(tokens: the total).",
+        "(tokens: the total). Tokens/s counts the model forward and semviz's own work per token "
+        "on the machine that ran the command, so it moves with that machine and its load.",
         "",
         "Made with:",
         "",

@@ -1,0 +1,136 @@
+"""``python -m semviz report``: a trace as report.html, PNGs, JSON and Parquet.
+
+From a saved trace::
+
+    python -m semviz report --trace trace.json --out report/
+
+Or decode first (same flags as ``trace``), then write the same report::
+
+    python -m semviz report --prompt "Once upon a time" --preset story --steps 64 --out report/
+
+Ctrl-C while decoding keeps the tokens made so far and writes their report; Ctrl-C while
+exporting PNGs keeps the images already written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from semviz.cli import common
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "report",
+        help="write report.html (offline, interactive), one PNG per chart, trace JSON and Parquet",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", default=None, help="a trace JSON written by trace/report/the app")
+    src.add_argument("--prompt", default=None, help="decode this prompt first")
+    p.add_argument("--out", required=True, help="folder to write the report into")
+    p.add_argument(
+        "--step", type=int, default=None, help="step the per-step charts show (default: last)"
+    )
+    p.add_argument("--no-png", dest="png", action="store_false", help="skip the PNG export")
+    p.add_argument(
+        "--png-engine", default="auto", choices=["auto", "kaleido", "playwright"],
+        help="kaleido (Plotly's exporter) or a Playwright screenshot; auto tries kaleido first",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, default=64, help="with --prompt: maximum new tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--chat", type=common._parse_bool, default=None, metavar="{on,off}",
+        help="use the chat template (default: on for models that have one)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    common.add_model_args(p)
+    common.add_prune_args(p)
+    return p
+
+
+def _tokenizer_for(args, trace):
+    """The tokenizer that labels candidates: --model, else the trace's model if loadable."""
+    from semviz.model import DEFAULT_MODEL, ModelLoadError, load_model
+
+    name = args.model
+    if name is None:
+        recorded = str(trace.model.get("name", ""))
+        name = None if recorded in ("", DEFAULT_MODEL) else recorded
+    try:
+        return load_model(name, device="cpu", dtype=args.dtype).tokenizer
+    except ModelLoadError as exc:
+        if args.model is not None:
+            raise
+        print(
+            f"semviz report: candidates shown as ids, the trace's model is not here ({exc})",
+            file=sys.stderr,
+        )
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from semviz import report
+    from semviz.trace import Trace
+
+    stop = {"flag": False}
+
+    def _interrupt(signum, frame):
+        if stop["flag"]:
+            raise KeyboardInterrupt
+        stop["flag"] = True
+        print("\nsemviz report: stopping; what is done is kept…", file=sys.stderr)
+
+    if args.trace is not None:
+        trace = Trace.load(args.trace)
+        tokenizer = _tokenizer_for(args, trace)
+    else:
+        from semviz.decoding import Decoder, DecodeSettings, PromptError
+
+        if args.steps < 1:
+            raise ValueError("--steps must be at least 1")
+        params = common.params_from_args(args)
+        if not args.prompt.strip():
+            raise PromptError("The prompt is empty: type some text for the model to continue.")
+        lm = common.load(args)
+        settings = DecodeSettings(
+            seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat
+        )
+        dec = Decoder(lm, args.prompt, params, settings)
+        old = signal.signal(signal.SIGINT, _interrupt)
+        try:
+            with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:
+                dec.run(
+                    args.steps, on_step=lambda rec: bar.update(1), should_stop=lambda: stop["flag"]
+                )
+        finally:
+            signal.signal(signal.SIGINT, old)
+        trace, tokenizer = dec.trace, lm.tokenizer
+        stop["flag"] = False  # a stop while decoding still writes the whole report
+
+    def progress(msg: str, frac: float) -> None:
+        if not args.json:
+            print(f"[{frac:4.0%}] {msg}", file=sys.stderr)
+
+    old = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        rep = report.build(
+            trace, args.out, tokenizer=tokenizer, selected=args.step, png=args.png,
+            engine=args.png_engine, progress=progress, should_stop=lambda: stop["flag"],
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if args.json:
+        common.print_json(report._clean(rep.manifest))
+    else:
+        print(trace.text)
+        print(
+            f"\n{len(trace.steps)} tokens, {len(rep.views)} charts, {len(rep.pngs)} PNGs"
+            f"{' (stopped early)' if rep.stopped else ''} -> {rep.html}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,585 @@
+"""Reports: a recorded trace as one offline HTML page, one PNG per chart, JSON and Parquet.
+
+The charts are :mod:`semviz.charts` figures built from the trace alone (no model run), in
+the order :func:`views` lists them. The app's Report page draws the same list, so a trace
+reloaded in the app shows exactly the views the report shows.
+
+A report folder holds::
+
+    report.html     every chart interactive, plotly.js inline (opens with no network)
+    report.json     manifest: settings, model, prompt, text, metrics, charts and files
+    trace.json      the trace (``Trace.load`` reads it back bit-exact)
+    trace.parquet   one row per step (``Trace.to_dataframe``)
+    png/<name>.png  one image per chart, exported offline
+
+PNGs are exported by Plotly's kaleido driving a local chromium (no CDN: MathJax is off and
+plotly.js is the copy shipped with plotly.py), or, when kaleido fails, by a Playwright
+screenshot of each chart in ``report.html``.
+
+Examples
+--------
+>>> rep = build(Trace.load("trace.json"), "out", tokenizer=lm.tokenizer)  # doctest: +SKIP
+>>> rep.pngs  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import shutil
+import unicodedata
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from semviz import charts
+from semviz.metrics import METRIC_INFO, run_metrics
+from semviz.pruning import PruneParams
+from semviz.trace import Trace
+
+__all__ = [
+    "PNG_WIDTH",
+    "Report",
+    "View",
+    "build",
+    "chromium_path",
+    "export_pngs",
+    "report_html",
+    "trace_params",
+    "views",
+    "zip_bytes",
+]
+
+FORMAT = "semviz-report"
+PNG_WIDTH = 1000
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class View:
+    """One chart of the report: a stable name (file name), a title, a caption, the figure."""
+
+    name: str
+    title: str
+    caption: str
+    figure: object  # plotly.graph_objects.Figure
+    width: int = PNG_WIDTH
+
+    @property
+    def height(self) -> int:
+        h = self.figure.layout.height
+        return int(h) if h else 450
+
+    def json(self) -> dict:
+        """The figure as plain JSON (what the HTML embeds)."""
+        return json.loads(self.figure.to_json())
+
+
+# -- building the views ------------------------------------------------------------------------
+
+
+def trace_params(trace: Trace) -> PruneParams:
+    """The pruning parameters the trace was recorded with (defaults for unknown keys)."""
+    p = trace.settings.get("params", {}) if isinstance(trace.settings, dict) else {}
+    known = set(PruneParams().to_dict())
+    return PruneParams.from_dict({k: v for k, v in p.items() if k in known})
+
+
+def _printable(text: str) -> str:
+    """Control characters as escapes: a raw one (form feed…) makes SVG, and so PNG, invalid."""
+    if text.isprintable() or all(c in "\n\t" or c.isprintable() for c in text):
+        return text
+    return "".join(
+        c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cs") else f"\\x{ord(c):02x}"
+        for c in text
+    )
+
+
+def _labeler(trace: Trace, tokenizer) -> Callable[[Sequence[int]], list[str]]:
+    known = {int(i): t for i, t in zip(trace.prompt_ids, trace.prompt_tokens, strict=False)}
+    known.update({s.token_id: s.token_text for s in trace.steps})
+    memo: dict[int, str] = {}
+
+    def labels(ids: Sequence[int]) -> list[str]:
+        out = []
+        for i in (int(x) for x in ids):
+            if i not in memo:
+                if tokenizer is not None:
+                    memo[i] = tokenizer.decode([i])
+                else:
+                    memo[i] = known.get(i, f"#{i}")
+                memo[i] = _printable(memo[i])
+            out.append(memo[i])
+        return out
+
+    return labels
+
+
+def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[View]:
+    """The report's charts for ``trace``, at step ``selected`` (default: the last step).
+
+    ``tokenizer`` turns candidate ids into text for the per-step charts; without one the
+    candidates the trace never decoded are shown as ``#id``.
+    """
+    steps = trace.steps
+    params = trace_params(trace)
+    out: list[View] = []
+    if not steps:
+        out.append(
+            View(
+                "chain",
+                "The sampling chain",
+                "The settings the run used, as the core runs them.",
+                charts.chain_figure(params),
+            )  # fmt: skip
+        )
+        return out
+    n = len(steps)
+    sel = n - 1 if selected is None else max(0, min(int(selected), n - 1))
+    rec = steps[sel]
+    labels = _labeler(trace, tokenizer)
+    df = charts.step_frame(trace)
+    ctx_tokens = [_printable(t) for t in list(trace.prompt_tokens) + [s.token_text for s in steps]]
+    out.append(View(
+        "entropy", "Entropy and varentropy per step",
+        "Raw next-token entropy (nats) with the thresholds the settings act on; the dotted line is "
+        f"the selected step ({sel}).",
+        charts.entropy_figure(df, params, selected=sel),
+    ))  # fmt: skip
+    out.append(View(
+        "thermo", "Effective temperature, free energy and kept-set size",
+        "What the sampler did at each step; crosses mark the safety fallback.",
+        charts.thermo_figure(df, selected=sel),
+    ))  # fmt: skip
+    out.append(View(
+        "entropy_scatter", "Entropy × varentropy",
+        "One point per step, coloured by what the sampler did.",
+        charts.entropy_scatter(df, selected=sel),
+    ))  # fmt: skip
+    stages = charts.step_stages(rec)
+    final = stages.get("final")
+    kept = None if final is None else np.asarray(final) > 0
+    top = min(charts.TOP, rec.cand_ids.numel())
+    out.append(View(
+        "distribution", f"Step {sel}: the distribution at each stage",
+        f"Top {top} candidates by raw logit; the outlined bar is the token taken "
+        f"({rec.token_text!r}), grey bars were pruned.",
+        charts.distribution_figure(
+            labels(rec.cand_ids[:top].tolist()), stages, kept=kept, chosen=rec.chosen_rank
+        ),
+    ))  # fmt: skip
+    out.append(View(
+        "waterfall", f"Step {sel}: what each pruning stage removed",
+        "Mass removed by each stage (share of what entered it) and the candidates left.",
+        charts.waterfall_figure(rec.waterfall),
+    ))  # fmt: skip
+    if "gravity" in stages and "raw" in stages:
+        k = min(200, len(stages["raw"]))
+        out.append(View(
+            "rank_shift", f"Step {sel}: ranks before and after gravity",
+            "Green lines: tokens gravity promoted; red: demoted.",
+            charts.rank_shift_figure(labels(rec.cand_ids[:k].tolist()), stages["raw"][:k],
+                                     stages["gravity"][:k]),
+        ))  # fmt: skip
+    if rec.attention is not None:
+        pos = rec.cache_positions.long().tolist()
+        out.append(View(
+            "attention", f"Step {sel}: attention by layer over the context",
+            "Last-query attention, mean over heads, per layer and cached position.",
+            charts.attention_heatmap(
+                rec.attention.float().numpy(), [ctx_tokens[p] if p < len(ctx_tokens) else "?" for p in pos]
+            ),
+        ))  # fmt: skip
+    if any(s.attention is not None for s in steps):
+        out.append(View(
+            "attention_flow", "Where each step's attention sat",
+            "Steps × original positions, mean over layers and heads (√ of the mass).",
+            charts.attention_flow(steps, n_positions=len(ctx_tokens)),
+        ))  # fmt: skip
+    if "eviction" in trace.settings:
+        out.append(View(
+            "kv_timeline", "KV cache: kept and evicted positions",
+            "Steps × original positions: blue kept, orange evicted.",
+            charts.kv_timeline_figure(steps, n_positions=len(ctx_tokens)),
+        ))  # fmt: skip
+    m = trace.model
+    bpt = None
+    if all(k in m for k in ("num_layers", "num_kv_heads", "head_dim")):
+        nbytes = 2 if m.get("dtype") in ("bfloat16", "float16") else 4
+        bpt = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * nbytes
+    out.append(View(
+        "cache_bytes", "KV cache size per step",
+        "Measured bytes held by the cache, against the formula for a full cache.",
+        charts.cache_bytes_figure(steps, bytes_per_token=bpt, prompt_len=len(trace.prompt_ids)),
+    ))  # fmt: skip
+    out.append(View(
+        "timing", "Prefill and decode time",
+        "Prefill reads the whole prompt in one forward; decoding runs one forward per token.",
+        charts.timing_figure(trace.prefill_seconds, len(trace.prompt_ids),
+                             [s.t_forward for s in steps]),
+    ))  # fmt: skip
+    out.append(View(
+        "chain", "The sampling chain",
+        "The settings the run used, in the order the core runs them.",
+        charts.chain_figure(params),
+    ))  # fmt: skip
+    return out
+
+
+# -- HTML --------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1080px;
+padding:16px 24px;color:#222}
+h1{font-size:1.5rem;margin:.2em 0}h2{font-size:1.15rem;margin:1.6em 0 .3em}
+.caption{color:#666;font-size:.85rem;margin:.2em 0 .6em}
+table{border-collapse:collapse;font-size:.85rem}td,th{border-bottom:1px solid #eee;
+padding:2px 10px;text-align:left;vertical-align:top}
+.text{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word;
+border:1px solid #e6e6e6;border-radius:6px;padding:8px;line-height:1.9}
+.prompt{color:#888}.tok{border-radius:3px;padding:0 1px}
+.chart{width:100%;border:1px solid #f0f0f0;border-radius:6px}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}
+"""
+
+_JS = """
+(function () {
+  window.semvizDrawn = 0;
+  var figs = document.querySelectorAll('script.semviz-fig');
+  window.semvizCharts = figs.length;
+  figs.forEach(function (s) {
+    var f = JSON.parse(s.textContent);
+    var cfg = {responsive: true, displaylogo: false, toImageButtonOptions: {
+      format: 'png', filename: s.dataset.name, width: +s.dataset.width, height: +s.dataset.height}};
+    Plotly.newPlot(s.dataset.target, f.data, f.layout, cfg).then(function () {
+      window.semvizDrawn += 1;
+    });
+  });
+})();
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _shade(v: float) -> str:
+    v = min(max(v, 0.0), 1.0)
+    return f"rgb({int(255 - 190 * v)},{int(255 - 120 * v)},255)"
+
+
+def _text_html(trace: Trace) -> str:
+    parts = [f'<span class="prompt">{_e("".join(trace.prompt_tokens))}</span>']
+    for s in trace.steps:
+        p = s.chosen_prob
+        v = 1.0 - (p if math.isfinite(p) else 0.0)
+        tip = f"step {s.index} · p={p:.3f} · H={s.entropy:.2f} nats · kept {s.n_kept}"
+        parts.append(
+            f'<span class="tok" title="{_e(tip)}" style="background:{_shade(v)}">'
+            f"{_e(s.token_text) or '∅'}</span>"
+        )
+    return "".join(parts)
+
+
+def _table(rows: Sequence[tuple[str, object]]) -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _script_json(obj) -> str:
+    # "</" would end the <script> element early; "<\/" is the same JSON string
+    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
+
+
+def report_html(trace: Trace, vs: Sequence[View], *, selected: int | None = None) -> str:
+    """The report as one self-contained HTML page (plotly.js inline, no network needed)."""
+    from plotly.offline import get_plotlyjs
+
+    params = trace_params(trace)
+    base = PruneParams().to_dict()
+    changed = [(k, v) for k, v in params.to_dict().items() if base.get(k) != v]
+    other = [(k, v) for k, v in trace.settings.items() if k != "params"]
+    m = run_metrics(trace).to_dict()
+    n = len(trace.steps)
+    sel = (n - 1 if selected is None else max(0, min(int(selected), n - 1))) if n else None
+    title = f"semviz report: {trace.model.get('name', '?')}, {n} tokens"
+    out = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{_e(title)}</title><style>{_CSS}</style>",
+        f"<script>{get_plotlyjs()}</script></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f"<p class='caption'>stop: {_e(trace.stop_reason or 'not stopped (run cut short)')}"
+        f" · selected step {sel} · {len(trace.prompt_ids)} prompt tokens</p>",
+        "<h2>Prompt and generated text</h2>",
+        f"<div class='text' id='text'>{_text_html(trace)}</div>",
+        "<p class='caption'>Grey: the prompt. Darker tokens were less likely; hover for "
+        "probability, entropy and kept-set size.</p>",
+        "<div class='grid'><div><h2>Settings</h2>",
+        _table(changed or [("(all defaults)", "plain sampling")]),
+        "<details><summary class='caption'>every setting</summary>",
+        _table(list(params.to_dict().items()) + other),
+        "</details></div><div><h2>Metrics</h2>",
+        _table([(METRIC_INFO[k][0], _fmt(v)) for k, v in m.items()]),
+        "<h2>Model</h2>",
+        _table([(k, v) for k, v in trace.model.items()]),
+        "</div></div>",
+    ]
+    for v in vs:
+        out += [
+            f"<h2 id='h-{v.name}'>{_e(v.title)}</h2>",
+            f"<p class='caption'>{_e(v.caption)}</p>",
+            f"<div class='chart' id='chart-{v.name}' style='height:{v.height}px'></div>",
+            f"<script type='application/json' class='semviz-fig' id='fig-{v.name}' "
+            f"data-target='chart-{v.name}' data-name='{v.name}' data-width='{v.width}' "
+            f"data-height='{v.height}'>{_script_json(v.json())}</script>",
+        ]
+    out += [f"<script>{_JS}</script>", "</body></html>"]
+    return "\n".join(out)
+
+
+# -- PNG export --------------------------------------------------------------------------------
+
+
+def chromium_path() -> str | None:
+    """The chromium to drive: ``$SEMVIZ_CHROMIUM``, ``$BROWSER_PATH``, or Debian's."""
+    for p in (os.environ.get("SEMVIZ_CHROMIUM"), os.environ.get("BROWSER_PATH")):
+        if p:
+            return p
+    for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser"):
+        if Path(p).exists():
+            return p
+    return shutil.which("chromium") or shutil.which("google-chrome")
+
+
+def _kaleido_export(
+    vs: Sequence[View], out: Path, progress: Progress | None, should_stop
+) -> list[Path]:
+    import asyncio
+
+    import kaleido
+
+    async def run() -> list[Path]:
+        done: list[Path] = []
+        kw = {"path": chromium_path()} if chromium_path() else {}
+        # mathjax=False: kaleido's default page would fetch MathJax from a CDN
+        async with kaleido.Kaleido(n=1, mathjax=False, timeout=120, **kw) as k:
+            for i, v in enumerate(vs):
+                if should_stop is not None and should_stop():
+                    break
+                if progress:
+                    progress(f"PNG {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
+                opts = {"format": "png", "width": v.width, "height": v.height, "scale": 1}
+                img = await k.calc_fig(v.figure, opts=opts)
+                path = out / f"{v.name}.png"
+                path.write_bytes(img)
+                done.append(path)
+        return done
+
+    return asyncio.run(run())
+
+
+def _playwright_export(
+    vs: Sequence[View], out: Path, html_path: Path, progress: Progress | None, should_stop
+) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    done: list[Path] = []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=BROWSER_ARGS, headless=True)
+        try:
+            page = b.new_page(viewport={"width": PNG_WIDTH + 200, "height": 900})
+            page.route(
+                "**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort()
+            )
+            page.goto(html_path.resolve().as_uri())
+            page.wait_for_function("window.semvizDrawn === window.semvizCharts", timeout=60_000)
+            for i, v in enumerate(vs):
+                if should_stop is not None and should_stop():
+                    break
+                if progress:
+                    progress(f"PNG {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
+                page.evaluate(
+                    "([id, w, h]) => { const d = document.getElementById(id);"
+                    " d.style.width = w + 'px'; d.style.height = h + 'px'; d.style.border = '0';"
+                    " return Plotly.Plots.resize(d); }",
+                    [f"chart-{v.name}", v.width, v.height],
+                )
+                path = out / f"{v.name}.png"
+                loc = page.locator(f"#chart-{v.name}")
+                loc.scroll_into_view_if_needed()
+                box = loc.bounding_box()  # the page may place it at a fractional offset
+                clip = {"x": round(box["x"]), "y": round(box["y"]), "width": v.width,
+                        "height": v.height}  # fmt: skip
+                page.screenshot(path=str(path), clip=clip)
+                done.append(path)
+        finally:
+            b.close()
+    return done
+
+
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def export_pngs(
+    vs: Sequence[View],
+    out: str | Path,
+    *,
+    engine: str = "auto",
+    html_path: str | Path | None = None,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[list[Path], str]:
+    """Write ``out/<name>.png`` for each view; returns the files written and the engine used.
+
+    ``engine``: ``"kaleido"``, ``"playwright"`` (needs ``html_path``, the report page), or
+    ``"auto"`` (kaleido, then playwright if kaleido fails). A stop request ends the export
+    after the current image; the images already written are kept.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if engine not in ("auto", "kaleido", "playwright"):
+        raise ValueError(f"engine must be auto, kaleido or playwright, got {engine!r}")
+    if engine in ("auto", "kaleido"):
+        try:
+            return _kaleido_export(vs, out, progress, should_stop), "kaleido"
+        except Exception:
+            if engine == "kaleido":
+                raise
+    if html_path is None:
+        raise ValueError("the playwright engine screenshots report.html: pass html_path")
+    return _playwright_export(vs, out, Path(html_path), progress, should_stop), "playwright"
+
+
+# -- the bundle --------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    """What :func:`build` wrote."""
+
+    out: Path
+    views: list[View]
+    html: Path
+    manifest: dict
+    pngs: list[Path] = field(default_factory=list)
+    stopped: bool = False
+
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.out.rglob("*") if p.is_file())
+
+
+def _clean(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def build(
+    trace: Trace,
+    out: str | Path,
+    *,
+    tokenizer=None,
+    selected: int | None = None,
+    png: bool = True,
+    engine: str = "auto",
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Report:
+    """Write the report for ``trace`` into ``out`` (created; existing report files replaced).
+
+    The HTML, the trace and the table are written first (fast); then the PNGs, one per
+    chart. A stop request skips the PNGs not yet made; the manifest says which exist.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def say(msg: str, frac: float) -> None:
+        if progress:
+            progress(msg, frac)
+
+    say("building the charts", 0.0)
+    vs = views(trace, tokenizer=tokenizer, selected=selected)
+    say("writing report.html", 0.1)
+    html_path = out / "report.html"
+    html_path.write_text(report_html(trace, vs, selected=selected), encoding="utf-8")
+    trace.save(out / "trace.json")
+    trace.to_dataframe().to_parquet(out / "trace.parquet", index=False)
+    n = len(trace.steps)
+    manifest = {
+        "format": FORMAT,
+        "version": 1,
+        "model": trace.model,
+        "prompt": trace.prompt,
+        "text": trace.text,
+        "steps": n,
+        "stop_reason": trace.stop_reason,
+        "selected": (n - 1 if selected is None else max(0, min(int(selected), n - 1)))
+        if n
+        else None,
+        "settings": trace.settings,
+        "metrics": run_metrics(trace).to_dict(),
+        "charts": [
+            {"name": v.name, "title": v.title, "width": v.width, "height": v.height, "png": None}
+            for v in vs
+        ],
+        "files": {"html": "report.html", "trace": "trace.json", "table": "trace.parquet"},
+        "png_engine": None,
+        "stopped": False,
+    }
+    pngs: list[Path] = []
+    stopped = False
+    if png:
+        png_dir = out / "png"
+        if png_dir.exists():
+            shutil.rmtree(png_dir)
+
+        def sub(msg: str, frac: float) -> None:
+            say(msg, 0.15 + 0.85 * frac)
+
+        pngs, manifest["png_engine"] = export_pngs(
+            vs, png_dir, engine=engine, html_path=html_path, progress=sub, should_stop=should_stop
+        )
+        made = {p.stem for p in pngs}
+        for c in manifest["charts"]:
+            if c["name"] in made:
+                c["png"] = f"png/{c['name']}.png"
+        stopped = len(pngs) < len(vs)
+    manifest["stopped"] = stopped
+    (out / "report.json").write_text(json.dumps(_clean(manifest), indent=2, default=float))
+    say("done", 1.0)
+    return Report(out=out, views=vs, html=html_path, manifest=manifest, pngs=pngs, stopped=stopped)
+
+
+def zip_bytes(folder: str | Path) -> bytes:
+    """Every file under ``folder`` as one zip (paths relative to it)."""
+    folder = Path(folder)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                z.write(p, p.relative_to(folder).as_posix())
+    return buf.getvalue()

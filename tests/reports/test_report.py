@@ -1,0 +1,143 @@
+"""Reports: the real model's report holds every chart, real PNGs and an equal Parquet table;
+the CLI's --prompt and --trace routes write the same report; stopping keeps what was made."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from semviz import report
+from semviz.trace import Trace
+from tests.reports.conftest import embedded_figures
+
+
+def assert_real_image(path, width: int, height: int) -> None:
+    """A PNG of exactly width×height that draws something (not blank, not one colour)."""
+    img = Image.open(path)
+    assert img.format == "PNG"
+    assert img.size == (width, height), (path.name, img.size)
+    a = np.asarray(img.convert("RGB"), dtype=np.int16)  # (H, W, 3)
+    ink = (np.abs(a - 255).sum(-1) > 60).mean()  # share of clearly non-white pixels
+    assert ink > 0.005, f"{path.name} is blank ({ink:.4%} ink)"
+    colours = len(np.unique(a.reshape(-1, 3)[::7], axis=0))
+    assert colours > 8, f"{path.name} has only {colours} colours"
+
+
+@pytest.mark.real_model
+def test_real_model_report(real_report):
+    trace, rep = real_report
+    out = rep.out
+    names = [v.name for v in rep.views]
+    for need in ("entropy", "thermo", "distribution", "waterfall", "attention", "chain"):
+        assert need in names
+    # the HTML: self-contained, every chart's data embedded exactly
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert not re.search(r"<script[^>]+src=", page), "the page loads a script from elsewhere"
+    assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.js inline
+    figs = embedded_figures(page)
+    assert list(figs) == names
+    for v in rep.views:
+        assert figs[v.name] == v.json(), v.name
+        assert figs[v.name]["data"], f"{v.name} has no data"
+    assert trace.text and all(
+        __import__("html").escape(s.token_text) in page for s in trace.steps if s.token_text.strip()
+    )
+    # one real PNG per chart, of the size the manifest gives
+    man = json.loads((out / "report.json").read_text())
+    assert man["png_engine"] == "kaleido" and not man["stopped"]
+    assert [c["name"] for c in man["charts"]] == names
+    for c in man["charts"]:
+        assert c["png"] == f"png/{c['name']}.png"
+        assert_real_image(out / c["png"], c["width"], c["height"])
+    assert man["text"] == trace.text and man["prompt"] == trace.prompt
+    assert man["model"]["name"] == trace.model["name"]
+    assert man["metrics"]["steps"] == len(trace.steps)
+    # trace JSON and Parquet reload equal
+    again = Trace.load(out / "trace.json")
+    assert again == trace
+    table = pd.read_parquet(out / "trace.parquet")
+    pd.testing.assert_frame_equal(table, trace.to_dataframe())
+    pd.testing.assert_frame_equal(table, again.to_dataframe())
+    # the app's download: one zip of the folder
+    with zipfile.ZipFile(io.BytesIO(report.zip_bytes(out))) as z:
+        listed = set(z.namelist())
+    assert {"report.html", "report.json", "trace.json", "trace.parquet"} <= listed
+    assert {f"png/{n}.png" for n in names} <= listed
+
+
+@pytest.mark.real_model
+def test_cli_report_from_saved_trace_matches(real_report, tmp_path, capsys):
+    from semviz.cli import main
+
+    trace, rep = real_report
+    assert main(["report", "--trace", str(rep.out / "trace.json"), "--out", str(tmp_path),
+                 "--no-png", "--json"]) == 0  # fmt: skip
+    man = json.loads(capsys.readouterr().out)
+    assert man["png_engine"] is None and all(c["png"] is None for c in man["charts"])
+    a = embedded_figures((rep.out / "report.html").read_text(encoding="utf-8"))
+    b = embedded_figures((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert a == b
+    assert Trace.load(tmp_path / "trace.json") == trace
+
+
+def test_cli_prompt_and_trace_routes_write_the_same_report(tiny_dir, tmp_path, capsys):
+    from semviz.cli import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["--model", str(tiny_dir), "--no-png", "--json"]
+    assert main(["report", "--prompt", "The sea", "--preset", "story", "--steps", "5",
+                 "--out", str(a), *common]) == 0  # fmt: skip
+    man = json.loads(capsys.readouterr().out)
+    assert man["steps"] == 5 and man["settings"]["params"]["gravity_lambda"] == 0.2
+    assert main(["report", "--trace", str(a / "trace.json"), "--out", str(b), *common]) == 0
+    capsys.readouterr()
+    assert (a / "report.html").read_text() == (b / "report.html").read_text()
+    assert json.loads((a / "report.json").read_text()) == json.loads(
+        (b / "report.json").read_text()
+    )
+
+
+def test_playwright_export_and_stop_keep_what_was_made(tiny_lm, tmp_path):
+    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.pruning import PruneParams
+
+    dec = Decoder(tiny_lm, "The sea", PruneParams(top_k=8), DecodeSettings(max_new_tokens=4))
+    dec.run(4)
+    asked = {"n": 0}
+
+    def stop_after_two():
+        asked["n"] += 1
+        return asked["n"] > 2
+
+    rep = report.build(
+        dec.trace, tmp_path, tokenizer=tiny_lm.tokenizer, engine="playwright",
+        should_stop=stop_after_two,
+    )  # fmt: skip
+    assert rep.stopped and len(rep.pngs) == 2
+    man = json.loads((tmp_path / "report.json").read_text())
+    assert man["stopped"] and man["png_engine"] == "playwright"
+    made = [c for c in man["charts"] if c["png"]]
+    assert [c["name"] for c in made] == [v.name for v in rep.views[:2]]
+    for c in made:
+        assert_real_image(tmp_path / c["png"], c["width"], c["height"])
+    assert (tmp_path / "report.html").exists() and (tmp_path / "trace.parquet").exists()
+
+
+def test_report_of_an_empty_run_and_bad_input(tiny_lm, tmp_path, capsys):
+    from semviz.cli import main
+    from semviz.decoding import Decoder
+
+    empty = Decoder(tiny_lm, "The sea").trace
+    rep = report.build(empty, tmp_path, png=False)
+    assert [v.name for v in rep.views] == ["chain"]
+    assert main(["report", "--trace", str(tmp_path / "nope.json"), "--out", str(tmp_path)]) == 2
+    assert "nope.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="engine"):
+        report.export_pngs(rep.views, tmp_path, engine="gimp")
