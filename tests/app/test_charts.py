@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import pytest
 
 from semviz import charts
-from semviz.decoding import DecodeSettings, Decoder
+from semviz.decoding import Decoder, DecodeSettings
 from semviz.pruning import PruneParams
 from semviz.replay import replay
 
