@@ -22,6 +22,14 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("pages/attention.py", "Attention & gravity", "🧲"),
     PageSpec("pages/kv_cache.py", "KV cache", "🗄️"),
     PageSpec("pages/pipeline.py", "Pipeline", "🛠️"),
+    PageSpec("pages/compare.py", "Compare A/B", "⚖️"),
+    PageSpec("pages/report.py", "Report", "🧾"),
+    PageSpec("pages/tour_1_baseline.py", "Tour 1 · Baseline chain", "1️⃣"),
+    PageSpec("pages/tour_2_entropy.py", "Tour 2 · Log entropy", "2️⃣"),
+    PageSpec("pages/tour_3_distribution.py", "Tour 3 · Its distribution", "3️⃣"),
+    PageSpec("pages/tour_4_gravity.py", "Tour 4 · Gravity rerank", "4️⃣"),
+    PageSpec("pages/tour_5_ab.py", "Tour 5 · A/B test", "5️⃣"),
+    PageSpec("pages/presenter.py", "Presenter mode", "🎤"),
 )
 
 

@@ -122,11 +122,39 @@ def context(title: str, *, icon: str = "") -> PageContext:
     if sess.notice:
         st.info(sess.notice)
     ctx = PageContext(settings=settings, sess=sess, lm=lm, params=params, wi=None)
+    share_url(ctx)
     ctx.update_whatif()
     status_line(ctx)
     if not err2:
         whatif_banner(ctx)
     return ctx
+
+
+def share_url(ctx: PageContext) -> None:
+    """Keep the URL's query string equal to the settings and the selected step.
+
+    A copied link therefore reopens the same settings (``Settings.from_query_params`` reads
+    them on a session's first run). A ``step`` in the link the session opened with is
+    selected once the run has that many steps, so the same views come back.
+    """
+    sess = ctx.sess
+    if "url_step" not in sess.extra:
+        raw = st.query_params.get("step")
+        try:
+            sess.extra["url_step"] = max(0, int(raw)) if raw is not None else None
+        except ValueError:
+            sess.extra["url_step"] = None
+    want = sess.extra.get("url_step")
+    if want is not None and len(ctx.steps) > want:
+        sess.selected, sess.extra["url_step"] = want, None
+        want = None
+    qp = ctx.settings.to_query_params()
+    step = sess.selected if ctx.steps else None
+    step = want if want is not None else step
+    if step is not None:
+        qp["step"] = str(step)
+    if st.query_params.to_dict() != qp:
+        st.query_params.from_dict(qp)
 
 
 def status_line(ctx: PageContext) -> None:

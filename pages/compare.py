@@ -1,0 +1,126 @@
+"""Compare: two settings on the sidebar's prompt and seed, side by side on one step axis.
+
+Each side is a spec as in ``python -m semviz compare`` (a preset, ``plain``, or
+``key=value`` overrides). Both sides decode in short ticks, so Stop answers within a tick and
+keeps every token made so far.
+"""
+
+import time
+
+import pandas as pd
+import streamlit as st
+
+from semviz import compare as cmp
+from semviz.metrics import METRIC_INFO
+from ui import page
+from ui.errors import message
+
+TICK_SECONDS = 0.4
+TICK_EVERY = 0.5
+
+ctx = page.context("Compare", icon="⚖️")
+sess = ctx.sess
+settings = ctx.settings
+job = sess.extra.setdefault("compare", {"running": False})
+
+st.caption(
+    "A side is a preset (`code`, `story`, `qa`, `brainstorm`), `plain`, or comma-separated "
+    "`key=value` settings such as `top_p=0.9,gravity_lambda=0.5`; a preset can be followed by "
+    "overrides (`story,temperature=0.7`). Both sides use the sidebar's prompt, model and seed."
+)
+for key, default in (
+    ("cmp_a", "top_p=0.9"),
+    ("cmp_b", "top_p=0.9,gravity_lambda=0.5,gravity_mode=rerank"),
+):
+    if key not in st.session_state:
+        st.session_state[key] = job.get(key, default)
+c1, c2, c3 = st.columns([3, 3, 1])
+c1.text_input("Side A", key="cmp_a")
+c2.text_input("Side B", key="cmp_b")
+c3.number_input("Tokens", 1, 512, 32, key="cmp_steps")
+job["cmp_a"], job["cmp_b"] = st.session_state["cmp_a"], st.session_state["cmp_b"]
+
+
+def _start() -> None:
+    job["error"] = None
+    try:
+        sides = [
+            cmp.parse_side(st.session_state["cmp_a"]),
+            cmp.parse_side(st.session_state["cmp_b"]),
+        ]
+        if ctx.lm is None:
+            raise ValueError("the model is not loaded")
+        steps = int(st.session_state["cmp_steps"])
+        t0 = time.perf_counter()
+        first = cmp.compare(
+            ctx.lm, settings.prompt, sides, steps=steps, seed=int(settings.seed),
+            chat=settings.chat, should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
+        )  # fmt: skip
+        done = all(d.done for d in first.extra["decoders"])
+        job.update(result=first, target=steps, running=first.steps < steps and not done)
+    except Exception as exc:  # shown above the results; nothing else is touched
+        job.update(error=message(exc), running=False)
+
+
+def _stop() -> None:
+    job["running"] = False
+
+
+b1, b2, _ = st.columns([1, 1, 4])
+b1.button("Run both", type="primary", key="cmp_run", on_click=_start, disabled=job["running"])
+b2.button("Stop", key="cmp_stop", on_click=_stop, disabled=not job["running"])
+if job.get("error"):
+    st.error(job["error"], icon="⚠️")
+
+
+def _tick() -> None:
+    res = job["result"]
+    left = job["target"] - res.steps
+    decs = res.extra["decoders"]
+    if left <= 0 or all(d.done for d in decs):
+        job["running"] = False
+        return
+    t0 = time.perf_counter()
+    job["result"] = cmp.compare(
+        ctx.lm, res.prompt, res.sides, steps=left, seed=res.seed, decoders=decs,
+        should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
+    )  # fmt: skip
+    r = job["result"]
+    if r.steps >= job["target"] or all(d.done for d in decs):
+        job["running"] = False
+
+
+@st.fragment(run_every=TICK_EVERY if job["running"] else None)
+def results() -> None:
+    if job["running"]:
+        try:
+            _tick()
+        except Exception as exc:
+            job.update(error=message(exc), running=False)
+        if not job["running"]:
+            st.rerun()
+    res = job.get("result")
+    if res is None:
+        st.info("Press **Run both** to decode both sides on the sidebar's prompt.")
+        return
+    state = "running…" if job["running"] else ("stopped" if res.steps < job["target"] else "done")
+    fd = res.first_divergence()
+    st.caption(
+        f"{res.steps} of {job['target']} tokens per side · {state} · first divergence: "
+        + ("none" if fd is None else f"step {fd}")
+    )
+    texts = [[s.token_text for s in t.steps] for t in res.traces]
+    left, right = cmp.diff_html(*texts)
+    c1, c2 = st.columns(2)
+    for col, side, body in ((c1, res.sides[0], left), (c2, res.sides[1], right)):
+        col.markdown(f"**{side.label}**")
+        col.html(body)
+    rows = []
+    for side, m in zip(res.sides, res.metrics(), strict=True):
+        d = m.to_dict()
+        rows.append({"side": side.label, **{METRIC_INFO[k][0]: d[k] for k in METRIC_INFO}})
+    st.dataframe(pd.DataFrame(rows).set_index("side").T, width="stretch")
+    st.plotly_chart(cmp.comparison_figure(res), key="cmp_figure", config={"displaylogo": False})
+
+
+results()

@@ -1,0 +1,115 @@
+"""Report: the views a report holds, for the current run or a saved trace; build and download.
+
+The charts are ``semviz.report.views`` (the same list ``python -m semviz report`` writes), so a
+trace reloaded here shows exactly what its report shows. Building writes report.html, one
+PNG per chart, trace.json and trace.parquet and offers them as one zip. Stop ends the PNG
+export after the current image; what was made is kept and can still be downloaded.
+"""
+
+import tempfile
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from semviz import report
+from semviz.metrics import METRIC_INFO, run_metrics
+from semviz.trace import Trace, TraceError
+from ui import page
+
+ctx = page.context("Report", icon="🧾")
+sess = ctx.sess
+store = sess.extra.setdefault("report", {})
+
+source = st.radio(
+    "Report on", ["the current run", "a saved trace"], horizontal=True, key="report_source"
+)
+trace = None
+if source == "the current run":
+    trace = ctx.trace if ctx.steps else None
+    selected = ctx.selected
+    if trace is None:
+        page.need_trace(ctx)
+else:
+    c1, c2 = st.columns(2)
+    up = c1.file_uploader("Trace JSON", type=["json"], key="report_upload")
+    path = c2.text_input(
+        "…or a trace file on this machine", key="report_path", placeholder="out/trace.json"
+    )
+    try:
+        if up is not None and store.get("upload_id") != up.file_id:
+            store["loaded"] = Trace.from_json(up.getvalue())
+            store["upload_id"] = up.file_id
+        elif path.strip() and store.get("path") != path.strip():
+            store["loaded"] = Trace.load(path.strip())
+            store["path"] = path.strip()
+    except TraceError as exc:
+        st.error(f"Trace not read: {exc}", icon="⚠️")
+    trace = store.get("loaded")
+    selected = None
+    if trace is None:
+        st.info("Upload a trace JSON (written by the app, `trace` or `report`) to see its report.")
+    elif len(trace.steps) > 1:
+        selected = st.slider("Selected step", 0, len(trace.steps) - 1, len(trace.steps) - 1,
+                             key="report_step")  # fmt: skip
+
+if trace is not None:
+    tok = ctx.lm.tokenizer if ctx.lm is not None else None
+    if tok is not None and trace.model.get("vocab_size") not in (None, len(tok)):
+        tok = None  # another model's ids: show them as ids rather than wrong words
+    vs = report.views(trace, tokenizer=tok, selected=selected)
+    m = run_metrics(trace).to_dict()
+    cols = st.columns(5)
+    for c, k in zip(cols, ("distinct_1", "distinct_2", "repetition_rate", "mean_entropy",
+                           "pruning_ratio"), strict=True):  # fmt: skip
+        c.metric(METRIC_INFO[k][0], "–" if m[k] is None else f"{m[k]:.3f}")
+    st.caption(
+        f"model **{trace.model.get('name', '?')}** · {len(trace.steps)} tokens · "
+        f"stop: {trace.stop_reason or 'not stopped'}"
+    )
+    with st.expander("Generated text", expanded=True):
+        st.code("".join(trace.prompt_tokens[-40:]) + "⟨" + trace.text + "⟩", language=None,
+                wrap_lines=True)  # fmt: skip
+
+    # -- build and download --------------------------------------------------------------------
+    st.subheader("Build the report")
+    c1, c2, c3 = st.columns([2, 1, 1])
+    pngs = c1.toggle("One PNG per chart (takes a few seconds a chart)", value=True,
+                     key="report_png")  # fmt: skip
+    build = c2.button("Build report", type="primary", key="report_build")
+    c3.button("Stop", key="report_stop", help="Ends the PNG export after the current image.")
+    if build:
+        out = Path(tempfile.mkdtemp(prefix="semviz-report-"))
+        store.update({"dir": str(out), "zip": None, "done": False, "started": time.time()})
+        bar = st.progress(0.0, text="starting…")
+
+        def progress(msg: str, frac: float) -> None:
+            bar.progress(min(max(frac, 0.0), 1.0), text=msg)  # a Stop click interrupts here
+
+        try:
+            rep = report.build(trace, out, tokenizer=tok, selected=selected, png=pngs,
+                               progress=progress)  # fmt: skip
+            store["done"] = True
+            store["pngs"] = len(rep.pngs)
+        except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
+            st.error(f"The report was not finished: {exc}", icon="⚠️")
+        store["zip"] = report.zip_bytes(out)
+    if store.get("dir") and Path(store["dir"]).exists():
+        if store.get("zip") is None:  # stopped mid-way: zip what is there
+            store["zip"] = report.zip_bytes(store["dir"])
+        n_png = len(list(Path(store["dir"]).glob("png/*.png")))
+        state = "complete" if store.get("done") else "stopped early"
+        st.success(
+            f"Report {state}: report.html, trace.json, trace.parquet and {n_png} PNGs.", icon="📦"
+        )
+        st.download_button(
+            "Download report.zip", store["zip"], file_name="semviz-report.zip",
+            mime="application/zip", key="report_download",
+        )  # fmt: skip
+
+    # -- the views -----------------------------------------------------------------------------
+    st.divider()
+    for v in vs:
+        st.subheader(v.title)
+        st.caption(v.caption)
+        st.plotly_chart(v.figure, key=f"report_{v.name}", config={"displaylogo": False})

@@ -1,0 +1,44 @@
+"""Tour 2: add an entropy log to the sampler, and change nothing else."""
+
+import math
+
+import streamlit as st
+
+from pages import tour_common as tour
+from semviz import charts
+from ui import page
+
+ctx = page.context("Tour 2 · Log entropy only", icon="2️⃣")
+tour.header(
+    2,
+    "record the semantic entropy of every step without changing what the sampler does.",
+)
+st.markdown(
+    r"""
+The entropy of the next-token distribution, $H = -\sum_w p(w)\log p(w)$ (nats), says how
+unsure the model is: $e^H$ is the effective number of candidates. Logging it costs one
+softmax the sampler computes anyway, and **changes no token**: semviz records it on every
+step whatever the settings, so the run you made with the baseline is already logged.
+"""
+)
+if page.need_trace(ctx):
+    df = ctx.trace.to_dataframe()
+    c = st.columns(4)
+    c[0].metric("steps logged", len(df))
+    c[1].metric("mean entropy", f"{df['entropy'].mean():.2f} nats")
+    c[2].metric("effective candidates (mean e^H)", f"{df['entropy'].map(math.exp).mean():.1f}")
+    c[3].metric("max entropy", f"{df['entropy'].max():.2f} nats")
+    params = ctx.decoder.params
+    st.plotly_chart(
+        charts.entropy_figure(charts.step_frame(ctx.trace), params, selected=ctx.selected),
+        key="tour2_entropy",
+    )
+    log = df[["step", "token", "entropy", "prob", "n_kept"]].copy()
+    log["e^H"] = log["entropy"].map(math.exp)
+    st.subheader("The log")
+    st.dataframe(log, hide_index=True, width="stretch", height=260)
+    st.download_button(
+        "Download the log (CSV)", log.to_csv(index=False), file_name="entropy_log.csv",
+        mime="text/csv", key="tour2_csv",
+    )  # fmt: skip
+tour.footer(2)

@@ -1,0 +1,44 @@
+"""Tour 3: watch the entropy distribution and find where "sure" ends and "unsure" begins."""
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages import tour_common as tour
+from semviz import charts
+from ui import page
+
+ctx = page.context("Tour 3 · Watch its distribution", icon="3️⃣")
+tour.header(
+    3,
+    "look at how entropy is distributed over real text and find the watershed between "
+    "low-entropy steps (one obvious token) and high-entropy steps (a real choice).",
+)
+st.markdown(
+    """
+Run a few prompts of the kind you care about (code, a story, a question) and watch the
+histogram. Most text has many near-certain steps (punctuation, word endings) and a minority
+of open choices. The threshold you find here is what adaptive temperature and the fallback
+act on later.
+"""
+)
+if page.need_trace(ctx):
+    df = charts.step_frame(ctx.trace)
+    h = df["entropy"].to_numpy()
+    lo, hi = float(h.min()), float(max(h.max(), h.min() + 0.1))
+    cut = st.slider("Threshold (nats)", 0.0, round(hi + 0.5, 1), round(float(np.median(h)), 1),
+                    step=0.1, key="tour3_cut")  # fmt: skip
+    fig = go.Figure(go.Histogram(x=h, nbinsx=30, marker_color="#1f77b4", name="steps"))
+    fig.add_vline(x=cut, line={"color": "#d62728", "width": 2})
+    fig.update_layout(template="plotly_white", height=300, xaxis_title="entropy, nats",
+                      yaxis_title="steps", margin={"l": 50, "r": 20, "t": 20, "b": 40})  # fmt: skip
+    st.plotly_chart(fig, key="tour3_hist")
+    low, high = df[df["entropy"] < cut], df[df["entropy"] >= cut]
+    c1, c2 = st.columns(2)
+    c1.metric("low-entropy steps", f"{len(low)} ({100 * len(low) / len(df):.0f}%)")
+    c2.metric("high-entropy steps", f"{len(high)} ({100 * len(high) / len(df):.0f}%)")
+    c1.caption("sure: " + " ".join(repr(t) for t in low["token"].head(30)))
+    c2.caption("unsure: " + " ".join(repr(t) for t in high["token"].head(30)))
+    st.subheader("Entropy × varentropy")
+    st.plotly_chart(charts.entropy_scatter(df, selected=ctx.selected), key="tour3_scatter")
+tour.footer(3)

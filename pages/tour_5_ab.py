@@ -1,0 +1,54 @@
+"""Tour 5: an A/B of the baseline against baseline + gravity, with latency and quality."""
+
+import pandas as pd
+import streamlit as st
+
+from pages import tour_common as tour
+from semviz.metrics import METRIC_INFO
+from ui import page
+
+ctx = page.context("Tour 5 · A/B: latency and quality", icon="5️⃣")
+tour.header(
+    5,
+    "decide with numbers: run the baseline and the gravity rerank on the same prompt and seed "
+    "and compare speed and quality, the way a rollback-able experiment would.",
+)
+st.markdown(
+    """
+Both sides decode the same prompt with the same seed, so where their kept sets agree they
+draw the same token; the **first divergence** is where the settings start to matter. Then
+compare:
+
+- **latency**: tokens/s (the gravity rerank costs one matrix-vector product per step);
+- **quality**: distinct-1/2 and repetition rate (diversity vs loops), mean entropy
+  (certainty), mean gravity (how hard the context pulled), pruning ratio (how much was cut).
+"""
+)
+job = ctx.sess.extra.setdefault("compare", {"running": False})
+
+
+def _setup() -> None:
+    job.update(cmp_a=tour.BASELINE_SPEC, cmp_b=tour.GRAVITY_SPEC)
+    for k in ("cmp_a", "cmp_b"):
+        st.session_state.pop(k, None)
+
+
+st.button("Set up this A/B on the Compare page", type="primary", key="tour5_setup",
+          on_click=_setup)  # fmt: skip
+st.page_link("pages/compare.py", label="Open Compare", icon="⚖️")
+st.code(
+    f'python -m semviz compare --prompt "{ctx.settings.prompt}" --a "{tour.BASELINE_SPEC}" '
+    f'--b "{tour.GRAVITY_SPEC}" --seed {ctx.settings.seed} --json',
+    language="sh",
+)
+res = job.get("result")
+if res is not None:
+    st.subheader("The last comparison")
+    rows = [
+        {"side": s.label, **{METRIC_INFO[k][0]: v for k, v in m.to_dict().items()}}
+        for s, m in zip(res.sides, res.metrics(), strict=True)
+    ]
+    st.dataframe(pd.DataFrame(rows).set_index("side").T, width="stretch")
+    fd = res.first_divergence()
+    st.caption("First divergence: " + ("none" if fd is None else f"step {fd}"))
+tour.footer(5)

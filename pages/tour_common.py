@@ -1,0 +1,54 @@
+"""Shared pieces of the guided tour (pages/tour_1…5): the step header, the settings each step
+applies, and the navigation between steps. The tour follows the seed's learning path (§8)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import streamlit as st
+
+from semviz.pruning import PruneParams
+from ui.state import Settings
+
+STEPS = (
+    ("pages/tour_1_baseline.py", "Tour 1 · The baseline chain"),
+    ("pages/tour_2_entropy.py", "Tour 2 · Log entropy only"),
+    ("pages/tour_3_distribution.py", "Tour 3 · Watch its distribution"),
+    ("pages/tour_4_gravity.py", "Tour 4 · Gravity as a rerank"),
+    ("pages/tour_5_ab.py", "Tour 5 · A/B: latency and quality"),
+)
+
+# The plain chain of step 1 (HF generate's usual sampling defaults), and step 4 on top of it.
+BASELINE = PruneParams(temperature=0.8, top_k=50, top_p=0.95)
+GRAVITY = BASELINE.replace(gravity_lambda=0.5, gravity_mode="rerank")  # rerank the top 64
+BASELINE_SPEC = "temperature=0.8,top_k=50,top_p=0.95"
+GRAVITY_SPEC = BASELINE_SPEC + ",gravity_lambda=0.5,gravity_mode=rerank"
+
+
+def header(n: int, goal: str) -> None:
+    """Where the reader is on the path, and what this step is for."""
+    st.progress(n / len(STEPS), text=f"Step {n} of {len(STEPS)}")
+    st.markdown(f"**Goal of this step.** {goal}")
+
+
+def apply(params: PruneParams, *, label: str, key: str) -> None:
+    """A button that loads ``params`` into the sidebar (the next Step/Run uses them)."""
+
+    def _apply() -> None:
+        current = Settings.from_state(st.session_state)
+        s = dataclasses.replace(current.with_params(params), preset="custom")
+        s.seed_state(st.session_state, overwrite=True)
+        st.session_state["settings"] = s
+
+    st.button(label, key=key, on_click=_apply, help="Sets the sidebar's sliders; nothing runs yet.")
+
+
+def footer(n: int) -> None:
+    """Links to the previous and next steps."""
+    st.divider()
+    c1, c2, c3 = st.columns([1, 1, 1])
+    if n > 1:
+        c1.page_link(STEPS[n - 2][0], label="← " + STEPS[n - 2][1])
+    c2.page_link("pages/generate.py", label="Generate (step, run, play)", icon="▶️")
+    if n < len(STEPS):
+        c3.page_link(STEPS[n][0], label=STEPS[n][1] + " →")

@@ -1,0 +1,189 @@
+"""The report, compare, tour and presenter pages on the tiny model; a copied link reproduces
+the same tokens and views in a new session."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import pytest
+
+from tests.app.conftest import APP, TIMEOUT, run_steps
+
+NEW_PAGES = [
+    "pages/compare.py",
+    "pages/report.py",
+    "pages/tour_1_baseline.py",
+    "pages/tour_2_entropy.py",
+    "pages/tour_3_distribution.py",
+    "pages/tour_4_gravity.py",
+    "pages/tour_5_ab.py",
+    "pages/presenter.py",
+]
+
+
+@pytest.fixture()
+def new_app(tiny_dir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def make(query: dict | None = None):
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        if query:
+            at.query_params.update(query)
+        at.run()
+        assert not at.exception
+        return at
+
+    return make
+
+
+def specs(at) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def no_errors(at) -> None:
+    assert not at.exception, at.exception
+    assert not [e.value for e in at.error], [e.value for e in at.error]
+
+
+def test_pages_without_and_with_a_run(new_app):
+    at = new_app()
+    for p in NEW_PAGES:
+        at.switch_page(p).run()
+        no_errors(at)
+    at.switch_page("pages/generate.py").run()
+    run_steps(at, 6)
+    for p in NEW_PAGES:
+        at.switch_page(p).run()
+        no_errors(at)
+        if p not in ("pages/tour_4_gravity.py", "pages/tour_5_ab.py", "pages/compare.py"):
+            assert at.get("plotly_chart"), f"{p} drew no chart"
+
+
+def test_copied_link_reproduces_tokens_and_views(new_app):
+    a = new_app()
+    for k, v in {"s_temperature": 0.6, "s_top_k": 30, "s_seed": 7, "s_prompt": "A quiet harbour",
+                 "s_gravity_lambda": 0.4}.items():  # fmt: skip
+        a.session_state[k] = v
+    a.run()
+    run_steps(a, 6)
+    a.session_state["semviz"].selected = 2
+    a.switch_page("pages/distributions.py").run()
+    link = dict(a.query_params)
+    assert link["seed"] == "7" and link["top_k"] == "30" and link["step"] == "2"
+    assert link["prompt"] == "A quiet harbour" and link["run_n"] == "6"
+    views_a = specs(a)
+    tokens_a = a.session_state["semviz"].decoder.trace.token_ids
+
+    b = new_app(link)  # another session opening the copied link
+    sb = b.session_state["settings"]
+    assert (sb.temperature, sb.top_k, sb.seed, sb.prompt) == (0.6, 30, 7, "A quiet harbour")
+    run_steps(b, int(link["run_n"]))
+    assert b.session_state["semviz"].decoder.trace.token_ids == tokens_a
+    b.switch_page("pages/distributions.py").run()
+    assert b.session_state["semviz"].selected_step() == 2
+    assert specs(b) == views_a
+    assert dict(b.query_params) == link
+
+
+def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
+    from semviz import report
+    from semviz.trace import Trace
+    from tests.reports.conftest import embedded_figures
+
+    at = new_app()
+    run_steps(at, 5)
+    at.switch_page("pages/report.py").run()
+    no_errors(at)
+    at.toggle(key="report_png").set_value(False).run()
+    at.button(key="report_build").click().run()
+    no_errors(at)
+    store = at.session_state["semviz"].extra["report"]
+    assert store["done"]
+    with zipfile.ZipFile(io.BytesIO(store["zip"])) as z:
+        names = set(z.namelist())
+        page = z.read("report.html").decode()
+    assert {"report.html", "report.json", "trace.json", "trace.parquet"} <= names
+    in_report = embedded_figures(page)
+    assert list(in_report.values()) == specs(at)  # the page shows what the report holds
+    # reload the saved trace: the same views again
+    trace = at.session_state["semviz"].decoder.trace
+    trace.save(tmp_path / "t.json")
+    at2 = new_app()
+    at2.switch_page("pages/report.py").run()
+    at2.radio(key="report_source").set_value("a saved trace").run()
+    at2.text_input(key="report_path").input(str(tmp_path / "t.json")).run()
+    no_errors(at2)
+    assert specs(at2) == list(in_report.values())
+    lm_tok = at.session_state["semviz"].decoder.lm.tokenizer
+    again = report.views(Trace.load(tmp_path / "t.json"), tokenizer=lm_tok)
+    assert [v.json() for v in again] == specs(at2)
+    at2.text_input(key="report_path").input(str(tmp_path / "missing.json")).run()
+    assert any("Trace not read" in e.value for e in at2.error)
+
+
+def test_compare_page_runs_and_stops(new_app):
+    at = new_app()
+    at.switch_page("pages/compare.py").run()
+    at.number_input(key="cmp_steps").set_value(4).run()
+    at.button(key="cmp_run").click().run()
+    job = at.session_state["semviz"].extra["compare"]
+    for _ in range(40):
+        if not job["running"]:
+            break
+        at.run()
+    no_errors(at)
+    res = job["result"]
+    assert res.steps == 4 and len(res.traces) == 2
+    assert at.get("plotly_chart") and at.dataframe
+    # a long run stopped after the first tick keeps its tokens
+    at.number_input(key="cmp_steps").set_value(200).run()
+    at.button(key="cmp_run").click().run()
+    made = at.session_state["semviz"].extra["compare"]["result"].steps
+    at.button(key="cmp_stop").click().run()
+    job = at.session_state["semviz"].extra["compare"]
+    assert not job["running"] and 1 <= job["result"].steps == made < 200
+    # a bad side is one message, nothing else breaks
+    at.text_input(key="cmp_b").input("top_pp=0.9").run()
+    at.button(key="cmp_run").click().run()
+    assert any("top_p" in e.value for e in at.error)
+
+
+def test_presenter_freezes_the_step(new_app):
+    at = new_app()
+    run_steps(at, 4)
+    at.session_state["semviz"].selected = 1
+    at.switch_page("pages/presenter.py").run()
+    no_errors(at)
+    assert not at.sidebar.slider and not at.sidebar.text_area  # no settings sidebar
+    assert at.query_params["step"] == "1"
+    assert "Step 1" in at.markdown[0].value
+    at.session_state["semviz"].decoder.run(2)  # new tokens do not move the frozen step
+    at.run()
+    assert at.query_params["step"] == "1"
+    at.button(key="pres_next").click().run()
+    assert at.query_params["step"] == "2"
+
+
+def test_tour_applies_its_settings(new_app):
+    at = new_app()
+    at.switch_page("pages/tour_1_baseline.py").run()
+    at.button(key="tour1_apply").click().run()
+    s = at.session_state["settings"]
+    assert (s.temperature, s.top_k, s.top_p, s.gravity_lambda) == (0.8, 50, 0.95, 0.0)
+    at.switch_page("pages/generate.py").run()
+    run_steps(at, 4)
+    at.switch_page("pages/tour_4_gravity.py").run()
+    at.button(key="tour4_apply").click().run()
+    no_errors(at)
+    s = at.session_state["settings"]
+    assert s.gravity_lambda == 0.5 and s.gravity_mode == "rerank"
+    assert len(at.get("plotly_chart")) >= 2  # rank shift and the replayed entropy
+    at.switch_page("pages/tour_5_ab.py").run()
+    at.button(key="tour5_setup").click().run()
+    at.switch_page("pages/compare.py").run()
+    assert at.text_input(key="cmp_b").value.endswith("gravity_mode=rerank")
