@@ -96,7 +96,10 @@ class _Forward:
     logits: torch.Tensor  # (V,) float32
     hidden: torch.Tensor  # (T, d) final normed hidden states of the new positions
     attention: torch.Tensor | None  # (L, H, S) float32 last-query attention
-    seconds: float
+    positions: list[torch.Tensor]  # per layer, the original positions this forward read
+    seconds: float  # the model: base forward and LM head
+    gravity: torch.Tensor | None = None  # (V,) normalised G for these logits
+    semviz_seconds: float = 0.0  # gravity's own work inside the head (pull vector, z-score)
 
 
 @dataclass
@@ -176,6 +179,7 @@ class Decoder:
         self._hidden_buf: torch.Tensor | None = None  # (capacity, d), grown by doubling
         self._hidden_len = 0
         self.attn_ema: torch.Tensor | None = None  # (T,) EMA of mean last-query attention
+        self._ema_memo: tuple | None = None
         self.done = False
         self.stop_reason: str | None = None
         self._snapshots: list[_Snapshot] = []
@@ -213,16 +217,71 @@ class Decoder:
                 input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True, **kw
             )
             h = out.last_hidden_state[0]  # (T, d)
-            logits = model.get_output_embeddings()(h[-1:])[0].float()  # (V,)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
         new = torch.tensor(positions, dtype=torch.long)
         self.positions = [torch.cat([p, new]) for p in self.positions]
-        attn = None
-        if sink is not None and sink.rows:
-            attn = _stack_layers(sink)  # (L, H, S)
-        return _Forward(logits=logits, hidden=h.float(), attention=attn, seconds=seconds)
+        attn = _stack_layers(sink) if sink is not None and sink.rows else None  # (L, H, S)
+        with torch.inference_mode():
+            logits, g, t_sem = self._head(h, attn)  # (V,), (V,) or None
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return _Forward(
+            logits=logits,
+            hidden=h.float(),
+            attention=attn,
+            positions=list(self.positions),
+            seconds=time.perf_counter() - t0 - t_sem,
+            gravity=g,
+            semviz_seconds=t_sem,
+        )
+
+    def _head(
+        self, h: torch.Tensor, attention: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """Logits for the last position, normalised gravity when it is on, and the seconds
+        spent on gravity's own work (everything but the shared matmul). (V,), (V,), float
+
+        Gravity's (V, d) product shares the LM head's pass over its weight when the
+        candidate matrix is that weight (tied embeddings, or the hidden space), so the whole
+        vocabulary's G costs one extra row of a matmul that is bound by reading the weight.
+        """
+        model, p = self.lm.model, self.params
+        if p.gravity_lambda == 0:
+            return model.get_output_embeddings()(h[-1:])[0].float(), None, 0.0
+        t0 = time.perf_counter()
+        pos = self.union_positions()  # (S,) the context this query read
+        ids = torch.tensor(self.ids, dtype=torch.long)[pos]  # (S,)
+        hidden = None
+        if p.gravity_space == "hidden":
+            prev = self.hidden
+            allh = h.float() if prev is None else torch.cat([prev, h.float()])  # (T, d)
+            hidden = allh[pos]  # (S, d)
+        att = None
+        if p.gravity_mass == "ema":
+            # the decoder's own EMA, kept by absolute position so eviction cannot misalign it;
+            # it already holds this forward's attention (see _ema_with)
+            att = self._ema_with(attention)[pos].view(1, 1, -1)  # (1, 1, S)
+            p = p.replace(gravity_mass="attention", gravity_layers=None, gravity_heads=None)
+        elif p.gravity_mass == "attention":
+            att = self._attention_on(attention, pos)  # (L, H, S)
+        if gravity.fuses_with_lm_head(model, p.gravity_space):
+            pull = gravity.pull_for_step(
+                model, p, context_ids=ids, attention=att, hidden=hidden
+            )  # (d,)
+            t1 = time.perf_counter()
+            logits, g = gravity.logits_and_gravity(
+                model, h[-1], pull, p.gravity_space, p.gravity_sim
+            )
+            t2 = time.perf_counter()
+            t_model = (t2 - t1) / 2  # one of the matmul's two rows is the model's own
+        else:
+            t1 = time.perf_counter()
+            logits = model.get_output_embeddings()(h[-1:])[0].float()
+            t_model = time.perf_counter() - t1
+            g = gravity.gravity_for_step(
+                model, p, context_ids=ids, attention=att, hidden=hidden, normalize=False
+            )
+        g = gravity.normalize_gravity(g.float())  # (V,)
+        return logits, g, time.perf_counter() - t0 - t_model
 
     @property
     def hidden(self) -> torch.Tensor | None:
@@ -251,23 +310,31 @@ class Decoder:
         """Bookkeeping after a forward: hidden states, attention EMA, eviction."""
         self._append_hidden(fw.hidden)
         if fw.attention is not None:
-            att = fw.attention
-            if self.params.gravity_layers is not None:
-                att = att[list(self.params.gravity_layers)]
-            if self.params.gravity_heads is not None:
-                att = att[:, list(self.params.gravity_heads)]
-            mean = self._attention_by_position(att)  # (T,)
-            if self.attn_ema is None:
-                self.attn_ema = mean
-            else:
-                d = float(self.params.ema_decay)
-                old = torch.zeros_like(mean)
-                old[: self.attn_ema.numel()] = self.attn_ema
-                self.attn_ema = d * old + (1.0 - d) * mean
+            self.attn_ema = self._ema_with(fw.attention)
         if self.eviction is not None and fw.attention is not None:
             self._pending_eviction = self.eviction.after_forward(self, fw.attention)
         else:
             self._pending_eviction = None
+
+    def _ema_with(self, attention: torch.Tensor) -> torch.Tensor:
+        """The attention EMA after folding in ``attention`` (L, H, S). (T,) by position."""
+        if self._ema_memo is not None and self._ema_memo[0] is attention:
+            return self._ema_memo[1]
+        att = attention
+        if self.params.gravity_layers is not None:
+            att = att[list(self.params.gravity_layers)]
+        if self.params.gravity_heads is not None:
+            att = att[:, list(self.params.gravity_heads)]
+        mean = self._attention_by_position(att)  # (T,)
+        if self.attn_ema is None:
+            ema = mean
+        else:
+            d = float(self.params.ema_decay)
+            old = torch.zeros_like(mean)
+            old[: self.attn_ema.numel()] = self.attn_ema
+            ema = d * old + (1.0 - d) * mean
+        self._ema_memo = (attention, ema)
+        return ema
 
     def _attention_by_position(self, attention: torch.Tensor) -> torch.Tensor:
         """Mean over (the gravity-selected) layers and heads, by absolute position. (T,)"""
@@ -282,35 +349,14 @@ class Decoder:
             out.index_add_(0, pos, attention[i, :, : pos.numel()].mean(0).cpu())
         return out / L
 
-    def union_positions(self) -> torch.Tensor:
-        """Sorted original positions held by any layer of the cache. (S,)"""
-        if all(p.numel() == self.positions[0].numel() for p in self.positions) and all(
-            torch.equal(p, self.positions[0]) for p in self.positions[1:]
+    def union_positions(self, layer_positions: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Sorted original positions held by any layer (now, or in ``layer_positions``). (S,)"""
+        lp = self.positions if layer_positions is None else layer_positions
+        if all(p.numel() == lp[0].numel() for p in lp) and all(
+            torch.equal(p, lp[0]) for p in lp[1:]
         ):
-            return self.positions[0]
-        return torch.unique(torch.cat(self.positions))
-
-    # -- gravity ---------------------------------------------------------------------------
-    def gravity_vector(self, attention: torch.Tensor | None) -> torch.Tensor | None:
-        """Normalised G over the whole vocabulary for the current context, or None. (V,)"""
-        p = self.params
-        if p.gravity_lambda == 0:
-            return None
-        pos = self.union_positions()  # (S,) context as cached
-        ids = torch.tensor(self.ids, dtype=torch.long)[pos]  # (S,)
-        hidden = self.hidden[pos] if p.gravity_space == "hidden" else None  # (S, d)
-        mass = p.gravity_mass
-        att = None
-        if mass == "ema":
-            # the decoder's own EMA, kept by absolute position so eviction cannot misalign it
-            att, mass = self.attn_ema[pos].view(1, 1, -1), "attention"  # (1, 1, S)
-        elif mass == "attention":
-            att = self._attention_on(attention, pos)  # (L, H, S)
-        if mass != p.gravity_mass:
-            p = p.replace(gravity_mass=mass, gravity_layers=None, gravity_heads=None)
-        return gravity.gravity_for_step(
-            self.lm.model, p, context_ids=ids, attention=att, hidden=hidden
-        ).to(torch.float32)  # (V,)
+            return lp[0]
+        return torch.unique(torch.cat(lp))
 
     # -- stepping --------------------------------------------------------------------------
     def step(self, force_token: int | None = None) -> StepRecord | None:
@@ -330,7 +376,7 @@ class Decoder:
             self._after_forward(fw)
         t0 = time.perf_counter()
         logits = fw.logits  # (V,) float32
-        gravity = self.gravity_vector(fw.attention)
+        gravity = fw.gravity
         result = pruning.prune(logits, self.params, gravity=gravity, state=self.sampler)
         u = float(torch.rand((), generator=self.generator))
         if force_token is None:
@@ -339,7 +385,7 @@ class Decoder:
             token = int(force_token)
             self.sampler.observe(result, token)
         rec = self._record(fw, logits, result, gravity, token, u)
-        rec.t_semviz = time.perf_counter() - t0
+        rec.t_semviz = time.perf_counter() - t0 + fw.semviz_seconds
         self.trace.steps.append(rec)
         self._snapshots.append(snapshot)
         self.ids.append(token)
@@ -403,9 +449,10 @@ class Decoder:
             name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()
         }
         att = None
-        positions = self.union_positions()
+        # the cache as this step's query read it (eviction may have shrunk it since)
+        positions = self.union_positions(fw.positions)
         if fw.attention is not None and self.settings.capture:
-            att = self._attention_on(fw.attention, positions).to(torch.float16)
+            att = self._attention_on(fw.attention, positions, fw.positions).to(torch.float16)
         return StepRecord(
             index=self.n_steps,
             position=len(self.ids),
@@ -439,16 +486,25 @@ class Decoder:
             eviction=self._pending_eviction,
         )
 
-    def _attention_on(self, attention: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Per-layer attention laid out on ``positions`` (0 where a layer evicted). (L, H, S)"""
+    def _attention_on(
+        self,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        layer_positions: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Per-layer attention laid out on ``positions`` (0 where a layer evicted). (L, H, S)
+
+        ``layer_positions`` are the positions each layer held when ``attention`` was
+        computed (default: now)."""
+        lp = self.positions if layer_positions is None else layer_positions
         if attention.shape[-1] == positions.numel() and all(
-            p.numel() == positions.numel() for p in self.positions
+            p.numel() == positions.numel() for p in lp
         ):
             return attention.cpu()
         L, H, _ = attention.shape
         out = torch.zeros(L, H, positions.numel(), dtype=attention.dtype)
         for layer in range(L):
-            pos = self.positions[layer]
+            pos = lp[layer]
             idx = torch.searchsorted(positions, pos)
             out[layer, :, idx] = attention[layer, :, : pos.numel()].cpu()
         return out

@@ -36,9 +36,13 @@ __all__ = [
     "context_mass",
     "context_vectors",
     "gravity_for_step",
+    "fuses_with_lm_head",
     "gravity_potential",
+    "logits_and_gravity",
     "normalize_gravity",
+    "pull_for_step",
     "pull_vector",
+    "row_norms",
 ]
 
 _EPS = 1e-8
@@ -257,6 +261,105 @@ def context_vectors(
     return hidden.detach().float().reshape(-1, hidden.shape[-1])
 
 
+def _step_mass(model, params, *, attention, context_ids, n, state) -> Tensor:
+    """The step's mass ``(N,)`` from ``params.gravity_mass`` (see :func:`context_mass`)."""
+    mass = context_mass(
+        params.gravity_mass,
+        attention=attention,
+        layers=params.gravity_layers,
+        heads=params.gravity_heads,
+        ema=None if state is None else state.attention_ema,
+        ema_decay=params.ema_decay,
+        context_ids=context_ids,
+        embed=_weight(model, "embedding") if params.gravity_mass == "norm" else None,
+        vectors=None,
+        n=n,
+    )  # (N,)
+    if params.gravity_mass == "ema" and state is not None:
+        state.attention_ema = mass
+    return mass
+
+
+def pull_for_step(
+    model: torch.nn.Module,
+    params,
+    *,
+    context_ids: Tensor | None = None,
+    attention: Tensor | None = None,
+    hidden: Tensor | None = None,
+    state=None,
+) -> Tensor:
+    """The step's pull vector ``Σ_i m_i t̂_i`` (cosine) or ``Σ_i m_i t_i`` (dot). ``(d,)``
+
+    Costs O(N·d): only the context's own rows are read, never the (V, d) matrix.
+    Arguments as in :func:`gravity_for_step`.
+    """
+    ctx = context_vectors(
+        model, params.gravity_space, context_ids=context_ids, hidden=hidden
+    )  # (N, d)
+    mass = _step_mass(
+        model, params, attention=attention, context_ids=context_ids, n=ctx.shape[0], state=state
+    )  # (N,)
+    return pull_vector(ctx, mass, params.gravity_sim)  # (d,)
+
+
+def fuses_with_lm_head(model: torch.nn.Module, space: Space) -> bool:
+    """True when the candidate matrix *is* the LM head's weight, so ``G`` can ride along.
+
+    The hidden space's candidates are the unembedding rows by definition; the embedding
+    space's are too when the embeddings are tied (as in SmolLM2). A bias breaks it.
+    """
+    out = model.get_output_embeddings()
+    if out is None or getattr(out, "bias", None) is not None:
+        return False
+    if space == "hidden":
+        return True
+    return _weight(model, "embedding").data_ptr() == out.weight.data_ptr()
+
+
+def row_norms(model: torch.nn.Module, space: Space) -> Tensor:
+    """``‖c_w‖`` of every candidate row in ``space``, float32, cached like the matrix. ``(V,)``"""
+    w = _weight(model, space)
+    key = ("norms", space, id(w), w._version, w.dtype, w.device)
+    per_model = _CACHE.setdefault(model, {})
+    hit = per_model.get(key)
+    if hit is None:
+        with torch.no_grad():
+            hit = w.detach().float().norm(dim=-1).clamp_min(_EPS)  # (V,)
+        for k in [k for k in per_model if k[:2] == ("norms", space)]:
+            del per_model[k]
+        per_model[key] = hit
+    return hit
+
+
+def logits_and_gravity(
+    model: torch.nn.Module, h_last: Tensor, pull: Tensor, space: Space, sim: Sim
+) -> tuple[Tensor, Tensor]:
+    """Next-token logits and raw gravity from ONE pass over the LM head's weight.
+
+    ``[h; p] @ Wᵀ`` gives the logits (row 0) and ``W·p`` (row 1). For cosine,
+    ``G(w) = ŵ·p = (W_w·p)/‖W_w‖``; for dot, ``G = W·p``. The product runs in the model's
+    dtype with float32 accumulation, like the logits themselves; both come back float32.
+    Requires :func:`fuses_with_lm_head`.
+
+    Parameters
+    ----------
+    h_last : (d,) final normed hidden state of the last position
+    pull : (d,) from :func:`pull_for_step`
+
+    Returns
+    -------
+    logits : (V,) float32
+    gravity : (V,) float32, not normalised
+    """
+    w = model.get_output_embeddings().weight  # (V, d)
+    both = torch.nn.functional.linear(torch.stack([h_last.to(w.dtype), pull.to(w.dtype)]), w)
+    logits, proj = both[0].float(), both[1].float()  # (V,), (V,)
+    if sim == "cosine":
+        proj = proj / row_norms(model, space)
+    return logits, proj
+
+
 def gravity_for_step(
     model: torch.nn.Module,
     params,
@@ -287,20 +390,14 @@ def gravity_for_step(
         ctx = None
     else:
         ctx = context_vectors(model, space, context_ids=context_ids, hidden=hidden)  # (N, d)
-    mass = context_mass(
-        params.gravity_mass,
+    mass = _step_mass(
+        model,
+        params,
         attention=attention,
-        layers=params.gravity_layers,
-        heads=params.gravity_heads,
-        ema=None if state is None else state.attention_ema,
-        ema_decay=params.ema_decay,
         context_ids=context_ids,
-        embed=_weight(model, "embedding") if params.gravity_mass == "norm" else None,
-        vectors=None,
         n=rows.numel() if ctx is None else ctx.shape[0],
+        state=state,
     )  # (N,)
-    if params.gravity_mass == "ema" and state is not None:
-        state.attention_ema = mass
     if ctx is None:
         if rows.numel() != mass.numel():
             raise ValueError(f"context has {rows.numel()} rows but mass has {mass.numel()}")

@@ -178,3 +178,30 @@ def test_top_candidates_equals_stable_sort_with_ties():
         rest = order[k:]
         want = float(torch.logsumexp(x[rest], 0)) if rest.numel() else float("-inf")
         assert tail == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mass, space, sim",
+    [("attention", "embedding", "cosine"), ("idf", "embedding", "dot"), ("uniform", "hidden", "cosine")],
+)
+def test_fused_gravity_equals_the_core(tiny_lm, mass, space, sim):
+    """The decoder's G (one matmul with the LM head) equals gravity.gravity_for_step."""
+    from semviz import gravity
+
+    p = PruneParams(
+        temperature=1.0, gravity_lambda=1.0, gravity_mass=mass, gravity_space=space, gravity_sim=sim
+    )
+    d = make(tiny_lm, params=p, seed=2, max_new_tokens=3)
+    assert gravity.fuses_with_lm_head(tiny_lm.model, space)
+    d.run(3)
+    rec = d.trace.steps[-1]
+    n = len(d.prompt_ids) + 2  # positions fed when step 2's logits were computed
+    ids = torch.tensor(d.ids[:n])
+    ref = gravity.gravity_for_step(
+        tiny_lm.model,
+        p,
+        context_ids=ids,
+        attention=rec.attention.float(),
+        hidden=d.hidden[:n],
+    )  # (V,)
+    assert torch.allclose(rec.gravity, ref[rec.cand_ids.long()], atol=2e-3)
