@@ -294,13 +294,25 @@ def pull_for_step(
     Costs O(N·d): only the context's own rows are read, never the (V, d) matrix.
     Arguments as in :func:`gravity_for_step`.
     """
-    ctx = context_vectors(
-        model, params.gravity_space, context_ids=context_ids, hidden=hidden
-    )  # (N, d)
+    space, sim = params.gravity_space, params.gravity_sim
+    if space == "embedding" and context_ids is not None:
+        # context rows are rows of the cached float32 candidate matrix: one weighted
+        # embedding_bag pass over N rows, so 4,096 context tokens cost little
+        rows = context_ids.long().flatten()  # (N,)
+        mass = _step_mass(
+            model, params, attention=attention, context_ids=context_ids, n=rows.numel(), state=state
+        )  # (N,)
+        if rows.numel() != mass.numel():
+            raise ValueError(f"context has {rows.numel()} rows but mass has {mass.numel()}")
+        cand = candidate_matrix(model, space, sim)  # (V, d)
+        return torch.nn.functional.embedding_bag(
+            rows.view(1, -1), cand, per_sample_weights=mass.float().view(1, -1), mode="sum"
+        )[0]  # (d,)
+    ctx = context_vectors(model, space, context_ids=context_ids, hidden=hidden)  # (N, d)
     mass = _step_mass(
         model, params, attention=attention, context_ids=context_ids, n=ctx.shape[0], state=state
     )  # (N,)
-    return pull_vector(ctx, mass, params.gravity_sim)  # (d,)
+    return pull_vector(ctx, mass, sim)  # (d,)
 
 
 def fuses_with_lm_head(model: torch.nn.Module, space: Space) -> bool:
@@ -380,33 +392,9 @@ def gravity_for_step(
     state : :class:`~semviz.pruning.SamplerState`; with mass ``ema`` its
         ``attention_ema`` is read and replaced by the new EMA.
     """
-    space, sim = params.gravity_space, params.gravity_sim
-    cand = candidate_matrix(model, space, sim)  # (V, d)
-    rows = None
-    if space == "embedding" and context_ids is not None:
-        # same space and matrix: the context rows are rows of the cached candidates, summed
-        # below straight from the matrix (embedding_bag) instead of gathered into an (N, d)
-        rows = context_ids.long().flatten()  # (N,)
-        ctx = None
-    else:
-        ctx = context_vectors(model, space, context_ids=context_ids, hidden=hidden)  # (N, d)
-    mass = _step_mass(
-        model,
-        params,
-        attention=attention,
-        context_ids=context_ids,
-        n=rows.numel() if ctx is None else ctx.shape[0],
-        state=state,
-    )  # (N,)
-    if ctx is None:
-        if rows.numel() != mass.numel():
-            raise ValueError(f"context has {rows.numel()} rows but mass has {mass.numel()}")
-        # Σ_i m_i ĉ_{t_i}: one weighted pass over N rows of the cached matrix, so 4,096
-        # context tokens cost little next to the (V, d) product
-        pull = torch.nn.functional.embedding_bag(
-            rows.view(1, -1), cand, per_sample_weights=mass.float().view(1, -1), mode="sum"
-        )[0]  # (d,)
-        g = cand @ pull  # (V,)
-    else:
-        g = gravity_potential(cand, ctx, mass, sim, normalized=True)  # (V,)
+    cand = candidate_matrix(model, params.gravity_space, params.gravity_sim)  # (V, d)
+    pull = pull_for_step(
+        model, params, context_ids=context_ids, attention=attention, hidden=hidden, state=state
+    )  # (d,)
+    g = cand @ pull  # (V,) one product, whatever the context length
     return normalize_gravity(g) if normalize else g
