@@ -8,7 +8,7 @@ from ui.errors import guard
 
 WINDOW = 256  # context positions shown unbinned when windowing a long context
 
-ctx = page.context("Attention & gravity", icon="🧲")
+ctx = page.context("Attention & gravity")
 if page.need_trace(ctx):
     i = page.step_selector(ctx)
     rec = ctx.steps[i]

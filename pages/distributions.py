@@ -5,7 +5,7 @@ import streamlit as st
 from semviz import charts
 from ui import page, views
 
-ctx = page.context("Distributions", icon="📊")
+ctx = page.context("Distributions")
 if page.need_trace(ctx):
     i = page.step_selector(ctx)
     rec = ctx.steps[i]

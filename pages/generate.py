@@ -11,7 +11,7 @@ from ui.errors import message
 TICK_SECONDS = 0.35  # decode time per play tick; a Stop click waits at most this long
 TICK_EVERY = 0.5
 
-ctx = page.context("Generate", icon="▶️")
+ctx = page.context("Generate")
 sess = ctx.sess
 settings = ctx.settings
 

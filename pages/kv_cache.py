@@ -5,7 +5,7 @@ import streamlit as st
 from semviz import charts
 from ui import analysis, kv, page
 
-ctx = page.context("KV cache", icon="🗄️")
+ctx = page.context("KV cache")
 tr = ctx.trace
 if page.need_trace(ctx):
     dec = ctx.decoder
@@ -43,11 +43,9 @@ else:
     names = [n for n in kv.policy_names() if n not in ("none", "full")]
     with st.form("kv_eval_form"):
         c1, c2, c3 = st.columns([3, 2, 1])
-        pols = c1.multiselect("Policies", names, default=names[:3], key="kve_policies")
-        budgets_text = c2.text_input(
-            "Budgets (tokens or fractions)", "16, 32, 64", key="kve_budgets"
-        )
-        n_tok = c3.number_input("Tokens", 16, 2048, 96, step=16, key="kve_tokens")
+        pols = c1.multiselect("Policies", names, default=names[:2], key="kve_policies")
+        budgets_text = c2.text_input("Budgets (tokens or fractions)", "16, 32", key="kve_budgets")
+        n_tok = c3.number_input("Tokens", 16, 2048, 64, step=16, key="kve_tokens")
         go = st.form_submit_button("Run kv-eval", type="primary")
     st.caption(
         "Teacher-forced on the current run's text (prompt + generated, or the prompt repeated): "

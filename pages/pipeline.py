@@ -8,7 +8,7 @@ from semviz.decoding import encode_prompt
 from ui import analysis, page
 from ui.errors import guard
 
-ctx = page.context("Pipeline", icon="🛠️")
+ctx = page.context("Pipeline")
 lm = ctx.lm if ctx.lm is not None else (ctx.decoder.lm if ctx.decoder is not None else None)
 if lm is None:
     st.info("Load a model (sidebar) to see its pipeline.")

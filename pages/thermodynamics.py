@@ -5,7 +5,7 @@ import streamlit as st
 from semviz import charts
 from ui import page
 
-ctx = page.context("Thermodynamics", icon="🌡️")
+ctx = page.context("Thermodynamics")
 if page.need_trace(ctx):
     wi = ctx.wi
     df = charts.step_frame(ctx.trace, wi.results if wi else None, wi.chosen if wi else None)

@@ -16,12 +16,12 @@ class PageSpec:
 GENERATE = "pages/generate.py"
 
 PAGES: tuple[PageSpec, ...] = (
-    PageSpec(GENERATE, "Generate", "▶️", default=True),
-    PageSpec("pages/distributions.py", "Distributions", "📊"),
-    PageSpec("pages/thermodynamics.py", "Thermodynamics", "🌡️"),
-    PageSpec("pages/attention.py", "Attention & gravity", "🧲"),
-    PageSpec("pages/kv_cache.py", "KV cache", "🗄️"),
-    PageSpec("pages/pipeline.py", "Pipeline", "🛠️"),
+    PageSpec(GENERATE, "Generate", ":material/play_arrow:", default=True),
+    PageSpec("pages/distributions.py", "Distributions", ":material/bar_chart:"),
+    PageSpec("pages/thermodynamics.py", "Thermodynamics", ":material/thermostat:"),
+    PageSpec("pages/attention.py", "Attention & gravity", ":material/grid_on:"),
+    PageSpec("pages/kv_cache.py", "KV cache", ":material/memory:"),
+    PageSpec("pages/pipeline.py", "Pipeline", ":material/account_tree:"),
     PageSpec("pages/compare.py", "Compare A/B", "⚖️"),
     PageSpec("pages/report.py", "Report", "🧾"),
     PageSpec("pages/tour_1_baseline.py", "Tour 1 · Baseline chain", "1️⃣"),
