@@ -10,4 +10,4 @@ import streamlit as st
 from ui import nav
 
 st.set_page_config(page_title="semviz", page_icon="🔭", layout="wide")
-st.navigation(nav.st_pages()).run()
+st.navigation(nav.st_pages(), expanded=True).run()

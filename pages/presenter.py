@@ -64,7 +64,7 @@ else:
         f"{html.escape(rec.token_text) or '∅'}</span></div>"
     )
     m = st.columns(4)
-    m[0].metric("probability", f"{rec.chosen_prob:.2f}")
+    m[0].metric("probability", f"{rec.chosen_prob:.3f}")
     m[1].metric("entropy", f"{rec.entropy:.2f} nats")
     m[2].metric("kept", f"{rec.n_kept}")
     m[3].metric("temperature", f"{rec.temperature:.2f}")
@@ -74,5 +74,7 @@ else:
     keep = {k: stages[k] for k in ("raw", "final") if k in stages}
     fig = charts.distribution_figure(labels, keep, chosen=rec.chosen_rank, mode="overlay", top=10)
     fig.update_layout(font={"size": 22}, height=520, legend={"font": {"size": 20}})
+    fig.update_xaxes(tickfont={"size": 20}, tickangle=-30)
+    fig.update_yaxes(tickfont={"size": 18}, title_font={"size": 20})
     st.plotly_chart(fig, key="pres_dist", config={"displayModeBar": False})
 st.page_link("pages/generate.py", label="Leave presenter mode", icon="↩️")

@@ -25,9 +25,9 @@ act on later.
 if page.need_trace(ctx):
     df = charts.step_frame(ctx.trace)
     h = df["entropy"].to_numpy()
-    lo, hi = float(h.min()), float(max(h.max(), h.min() + 0.1))
-    cut = st.slider("Threshold (nats)", 0.0, round(hi + 0.5, 1), round(float(np.median(h)), 1),
-                    step=0.1, key="tour3_cut")  # fmt: skip
+    hi = float(max(h.max(), h.min() + 0.1))
+    cut = st.slider("Threshold (nats)", 0.0, round(hi + 0.5, 1), round(float(np.median(h)), 2),
+                    step=0.05, key="tour3_cut", help="Starts at the median entropy.")  # fmt: skip
     fig = go.Figure(go.Histogram(x=h, nbinsx=30, marker_color="#1f77b4", name="steps"))
     fig.add_vline(x=cut, line={"color": "#d62728", "width": 2})
     fig.update_layout(template="plotly_white", height=300, xaxis_title="entropy, nats",

@@ -552,6 +552,8 @@ def build(
     }
     pngs: list[Path] = []
     stopped = False
+    manifest["stopped"] = png  # until the PNGs are done, so an interrupted bundle says so
+    (out / "report.json").write_text(json.dumps(_clean(manifest), indent=2, default=float))
     if png:
         png_dir = out / "png"
         if png_dir.exists():

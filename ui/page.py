@@ -145,7 +145,7 @@ def share_url(ctx: PageContext) -> None:
         except ValueError:
             sess.extra["url_step"] = None
     want = sess.extra.get("url_step")
-    if want is not None and len(ctx.steps) > want:
+    if want is not None and len(ctx.steps) > want and not sess.playing:  # play resets it
         sess.selected, sess.extra["url_step"] = want, None
         want = None
     qp = ctx.settings.to_query_params()
