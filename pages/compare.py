@@ -18,7 +18,7 @@ from ui.errors import message
 TICK_SECONDS = 0.4
 TICK_EVERY = 0.5
 
-ctx = page.context("Compare", icon="⚖️")
+ctx = page.context("Compare")
 sess = ctx.sess
 settings = ctx.settings
 job = sess.extra.setdefault("compare", {"running": False})

@@ -17,7 +17,7 @@ from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.trace import Trace, TraceError
 from ui import page
 
-ctx = page.context("Report", icon="🧾")
+ctx = page.context("Report")
 sess = ctx.sess
 store = sess.extra.setdefault("report", {})
 
@@ -100,7 +100,8 @@ if trace is not None:
         n_png = len(list(Path(store["dir"]).glob("png/*.png")))
         state = "complete" if store.get("done") else "stopped early"
         st.success(
-            f"Report {state}: report.html, trace.json, trace.parquet and {n_png} PNGs.", icon="📦"
+            f"Report {state}: report.html, trace.json, trace.parquet and {n_png} PNGs.",
+            icon=":material/inventory_2:",
         )
         st.download_button(
             "Download report.zip", store["zip"], file_name="semviz-report.zip",

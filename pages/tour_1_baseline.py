@@ -6,7 +6,7 @@ from pages import tour_common as tour
 from semviz import charts
 from ui import page
 
-ctx = page.context("Tour 1 · The baseline chain", icon="1️⃣")
+ctx = page.context("Tour 1 · The baseline chain")
 tour.header(
     1,
     "know the standard decoding code: where the logits come from and where temperature, "

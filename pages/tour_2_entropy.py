@@ -8,7 +8,7 @@ from pages import tour_common as tour
 from semviz import charts
 from ui import page
 
-ctx = page.context("Tour 2 · Log entropy only", icon="2️⃣")
+ctx = page.context("Tour 2 · Log entropy only")
 tour.header(
     2,
     "record the semantic entropy of every step without changing what the sampler does.",

@@ -8,7 +8,7 @@ from pages import tour_common as tour
 from semviz import charts
 from ui import page
 
-ctx = page.context("Tour 3 · Watch its distribution", icon="3️⃣")
+ctx = page.context("Tour 3 · Watch its distribution")
 tour.header(
     3,
     "look at how entropy is distributed over real text and find the watershed between "

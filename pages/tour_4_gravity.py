@@ -6,7 +6,7 @@ from pages import tour_common as tour
 from semviz import charts
 from ui import page
 
-ctx = page.context("Tour 4 · Gravity as a rerank", icon="4️⃣")
+ctx = page.context("Tour 4 · Gravity as a rerank")
 tour.header(
     4,
     "add narrative gravity as a switchable rerank: the model's logits stay untouched, only the "

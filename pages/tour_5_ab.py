@@ -7,7 +7,7 @@ from pages import tour_common as tour
 from semviz.metrics import METRIC_INFO
 from ui import page
 
-ctx = page.context("Tour 5 · A/B: latency and quality", icon="5️⃣")
+ctx = page.context("Tour 5 · A/B: latency and quality")
 tour.header(
     5,
     "decide with numbers: run the baseline and the gravity rerank on the same prompt and seed "
@@ -35,7 +35,7 @@ def _setup() -> None:
 
 st.button("Set up this A/B on the Compare page", type="primary", key="tour5_setup",
           on_click=_setup)  # fmt: skip
-st.page_link("pages/compare.py", label="Open Compare", icon="⚖️")
+st.page_link("pages/compare.py", label="Open Compare", icon=":material/compare_arrows:")
 st.code(
     f'python -m semviz compare --prompt "{ctx.settings.prompt}" --a "{tour.BASELINE_SPEC}" '
     f'--b "{tour.GRAVITY_SPEC}" --seed {ctx.settings.seed} --json',

@@ -49,6 +49,8 @@ def footer(n: int) -> None:
     c1, c2, c3 = st.columns([1, 1, 1])
     if n > 1:
         c1.page_link(STEPS[n - 2][0], label="← " + STEPS[n - 2][1])
-    c2.page_link("pages/generate.py", label="Generate (step, run, play)", icon="▶️")
+    c2.page_link(
+        "pages/generate.py", label="Generate (step, run, play)", icon=":material/play_arrow:"
+    )
     if n < len(STEPS):
         c3.page_link(STEPS[n][0], label=STEPS[n][1] + " →")

@@ -22,14 +22,14 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("pages/attention.py", "Attention & gravity", ":material/grid_on:"),
     PageSpec("pages/kv_cache.py", "KV cache", ":material/memory:"),
     PageSpec("pages/pipeline.py", "Pipeline", ":material/account_tree:"),
-    PageSpec("pages/compare.py", "Compare A/B", "⚖️"),
-    PageSpec("pages/report.py", "Report", "🧾"),
-    PageSpec("pages/tour_1_baseline.py", "Tour 1 · Baseline chain", "1️⃣"),
-    PageSpec("pages/tour_2_entropy.py", "Tour 2 · Log entropy", "2️⃣"),
-    PageSpec("pages/tour_3_distribution.py", "Tour 3 · Its distribution", "3️⃣"),
-    PageSpec("pages/tour_4_gravity.py", "Tour 4 · Gravity rerank", "4️⃣"),
-    PageSpec("pages/tour_5_ab.py", "Tour 5 · A/B test", "5️⃣"),
-    PageSpec("pages/presenter.py", "Presenter mode", "🎤"),
+    PageSpec("pages/compare.py", "Compare A/B", ":material/compare_arrows:"),
+    PageSpec("pages/report.py", "Report", ":material/summarize:"),
+    PageSpec("pages/tour_1_baseline.py", "Tour 1 · Baseline chain", ":material/looks_one:"),
+    PageSpec("pages/tour_2_entropy.py", "Tour 2 · Log entropy", ":material/looks_two:"),
+    PageSpec("pages/tour_3_distribution.py", "Tour 3 · Its distribution", ":material/looks_3:"),
+    PageSpec("pages/tour_4_gravity.py", "Tour 4 · Gravity rerank", ":material/looks_4:"),
+    PageSpec("pages/tour_5_ab.py", "Tour 5 · A/B test", ":material/looks_5:"),
+    PageSpec("pages/presenter.py", "Presenter mode", ":material/co_present:"),
 )
 
 
