@@ -105,6 +105,7 @@ def results() -> None:
         return
     state = "running…" if job["running"] else ("stopped" if res.steps < job["target"] else "done")
     fd = res.first_divergence()
+    st.progress(min(res.steps / max(job["target"], 1), 1.0))
     st.caption(
         f"{res.steps} of {job['target']} tokens per side · {state} · first divergence: "
         + ("none" if fd is None else f"step {fd}")
