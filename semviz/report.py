@@ -228,6 +228,7 @@ def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[
         "chain", "The sampling chain",
         "The settings the run used, in the order the core runs them.",
         charts.chain_figure(params),
+        width=1400,  # five boxes a row with their captions need the room
     ))  # fmt: skip
     return out
 
@@ -401,7 +402,8 @@ def _playwright_export(
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium_path(), args=BROWSER_ARGS, headless=True)
         try:
-            page = b.new_page(viewport={"width": PNG_WIDTH + 200, "height": 900})
+            wide = max([PNG_WIDTH, *(v.width for v in vs)]) + 200
+            page = b.new_page(viewport={"width": wide, "height": 900})
             page.route(
                 "**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort()
             )
