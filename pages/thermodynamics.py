@@ -10,7 +10,7 @@ if page.need_trace(ctx):
     wi = ctx.wi
     df = charts.step_frame(ctx.trace, wi.results if wi else None, wi.chosen if wi else None)
     sel = ctx.selected
-    first = wi.first_diff if wi else None
+    first = ctx.first_diff
     params = ctx.params or ctx.decoder.params
     m = st.columns(4)
     m[0].metric("mean entropy", f"{df['entropy'].mean():.2f} nats")

@@ -769,7 +769,10 @@ def prefill_scaling_figure(lengths: Sequence[int], seconds: Sequence[float]) -> 
             line={"dash": "dot", "color": "#888"},
         )  # fmt: skip
         share = coef[0] * n.max() ** 2 / max(np.polyval(coef, n.max()), 1e-9)
-        title = f"quadratic term c·n² = {100 * share:.0f}% of the time at {int(n.max())} tokens"
+        if coef[0] > 0:
+            title = f"quadratic term c·n² = {100 * share:.0f}% of the time at {int(n.max())} tokens"
+        else:
+            title = "no quadratic term measurable at these lengths (timings noisy: measure again)"
     fig.update_xaxes(title="prompt length, tokens", rangemode="tozero")
     fig.update_yaxes(title="prefill time, ms", rangemode="tozero")
     return _layout(fig, title, 340)

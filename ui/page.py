@@ -57,6 +57,14 @@ class PageContext:
                 self.sess.extra, tr, self.params, model=dec.lm.model, hidden=dec.hidden
             )
 
+    @property
+    def first_diff(self) -> int | None:
+        """First step whose pick changes under the current sliders; None when they are the
+        run's own (replay then only re-derives the recorded views)."""
+        if self.wi is None or not params_changed(self):
+            return None
+        return self.wi.first_diff
+
     def chosen(self, i: int) -> int:
         """Candidate index step ``i`` picks under the current sliders."""
         if self.wi is not None and i < len(self.wi.chosen):

@@ -43,7 +43,7 @@ def token_strip(ctx: PageContext, color_by: str = "probability") -> None:
     tr = ctx.trace
     steps = tr.steps
     sel = ctx.selected
-    first = ctx.wi.first_diff if ctx.wi is not None else None
+    first = ctx.first_diff
     hmax = max((s.entropy for s in steps), default=1.0) or 1.0
     start = max(0, len(steps) - MAX_TOKENS_SHOWN)
     parts = [
