@@ -684,17 +684,20 @@ class GravityPolicy(EMAPolicy):
     sim : ``"cosine"`` or ``"dot"``.
     mass : context weights: ``"idf"``, ``"uniform"`` (over the last ``context_window`` tokens
         read) or ``"attention"`` (this layer's current attention over its own cache).
-    context_window : tokens that make up the "current context" (None: all read so far).
+    context_window : the last tokens that make up the context (None, the default: all read
+        so far, so with ``idf`` mass the context vector is the text's theme, not its last
+        few words).
     protect_z, protect_frac : theme protection (``protect_z=inf`` turns it off).
     """
 
-    beta: float = 0.5
+    # defaults tuned on the shipped text (512 tokens, budget 64; see the issue notes)
+    beta: float = 0.2
     space: Literal["embedding", "hidden"] = "embedding"
     sim: Literal["cosine", "dot"] = "cosine"
     mass: Literal["idf", "uniform", "attention"] = "idf"
-    context_window: int | None = 64
+    context_window: int | None = None
     protect_z: float = 2.0
-    protect_frac: float = 0.1
+    protect_frac: float = 0.05
     name: ClassVar[str] = "gravity"
 
     def __post_init__(self) -> None:
