@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 IMPL_NAME = "semviz_sdpa"
 
@@ -89,6 +90,9 @@ def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
 
 
 AttentionInterface.register(IMPL_NAME, _capturing_sdpa)
+# masks are looked up by the same name: build them exactly as for "sdpa" (a chunk of several
+# tokens fed onto a non-empty cache then gets the right causal alignment)
+AttentionMaskInterface.register(IMPL_NAME, sdpa_mask)
 
 
 def enable_capture(model: torch.nn.Module) -> None:

@@ -482,6 +482,7 @@ class Decoder:
             t_forward=fw.seconds,
             t_semviz=0.0,
             gravity=None if gravity is None else gravity[cand].float().cpu(),
+            final_tail_mass=max(0.0, 1.0 - float(final[cand].double().sum())),
             fallback=result.fallback,
             eviction=self._pending_eviction,
         )

@@ -172,7 +172,7 @@ def replay_steps(
         res = pruning.prune(
             rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse
         )
-        idx = pruning.choose(res, min(max(rec.u, 0.0), 1.0 - 1e-12), state=pruning.SamplerState())
+        idx = _pick(rec, res)
         if rec.chosen_rank >= 0:
             state.observe(res, rec.chosen_rank, rec.token_id)
         else:
@@ -182,6 +182,31 @@ def replay_steps(
         results.append(res)
         chosen.append(idx)
     return results, chosen
+
+
+def _pick(rec, res: PruneResult) -> int:
+    """The candidate the recorded draw ``u`` picks under ``res``, as the live run would.
+
+    The live run sampled over the whole vocabulary; the record holds the top-K candidates,
+    the kept set and the chosen token, and the share of the final mass outside them
+    (``final_tail_mass``). Replay's distribution is renormalised over the record, so ``u`` is
+    scaled by the share the record holds: when the replay keeps every recorded candidate,
+    the unrecorded tail is taken to survive with its recorded share (exact when the
+    temperature is unchanged); when a filter cut inside the record, the tail, which lies
+    below every recorded raw probability, is cut too. A draw that lands in the unrecorded
+    tail keeps the recorded token. With the recorded settings this reproduces every pick of
+    the live run, with one known exception: full-vocabulary gravity (``gravity_mode="full"``)
+    can move mass into or out of tokens outside the record, which replay cannot see, so its
+    kept sets there are approximate (rerank mode only touches recorded candidates).
+    """
+    u = min(max(rec.u, 0.0), 1.0 - 1e-12)
+    tail = float(getattr(rec, "final_tail_mass", 0.0) or 0.0)
+    if res.greedy or tail <= 0.0 or res.n_kept < rec.cand_ids.numel():
+        return pruning.choose(res, u, state=pruning.SamplerState())
+    scaled = u / (1.0 - tail)
+    if scaled >= 1.0 and rec.chosen_rank >= 0:
+        return rec.chosen_rank
+    return pruning.choose(res, min(scaled, 1.0 - 1e-12), state=pruning.SamplerState())
 
 
 def compute(

@@ -128,6 +128,7 @@ class StepRecord:
     t_forward: float  # seconds in the model forward that produced these logits
     t_semviz: float  # seconds in semviz's own work for this step
     gravity: torch.Tensor | None = None  # (K,) float32 normalised G over the candidates
+    final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
     fallback: str | None = None
     eviction: dict | None = None
     extra: dict = field(default_factory=dict)

@@ -182,7 +182,11 @@ def test_top_candidates_equals_stable_sort_with_ties():
 
 @pytest.mark.parametrize(
     "mass, space, sim",
-    [("attention", "embedding", "cosine"), ("idf", "embedding", "dot"), ("uniform", "hidden", "cosine")],
+    [
+        ("attention", "embedding", "cosine"),
+        ("idf", "embedding", "dot"),
+        ("uniform", "hidden", "cosine"),
+    ],
 )
 def test_fused_gravity_equals_the_core(tiny_lm, mass, space, sim):
     """The decoder's G (one matmul with the LM head) equals gravity.gravity_for_step."""

@@ -71,3 +71,31 @@ def test_trust_remote_code_is_off_by_default(monkeypatch, tmp_path):
     with pytest.raises(semviz.ModelLoadError):
         semviz.load_model(str(tmp_path))
     assert seen["trust_remote_code"] is False
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        PruneParams(temperature=0.8),
+        PruneParams(temperature=0.9, top_p=0.95, min_p=0.01),
+        PruneParams(
+            temperature=1.0,
+            top_p=0.9,
+            gravity_lambda=0.5,
+            gravity_mass="idf",
+            gravity_mode="rerank",
+        ),
+    ],
+)
+def test_replay_at_the_recorded_settings_changes_nothing(real_lm, params):
+    from semviz.replay import replay
+
+    d = Decoder(
+        lm := real_lm,
+        "Write one sentence about the sea.",
+        params,
+        DecodeSettings(max_new_tokens=48, seed=3),
+    )
+    d.run(48)
+    r = replay(d.trace, params, model=lm.model)
+    assert r.token_ids == d.trace.token_ids and r.first_diff is None

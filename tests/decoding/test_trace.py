@@ -82,3 +82,26 @@ def test_truncated_and_tampered_traces_fail_whole(trace, tmp_path):
 def test_missing_file_is_a_trace_error(tmp_path):
     with pytest.raises(TraceError, match="cannot read"):
         Trace.load(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        PruneParams(temperature=1.0),  # wide: the final set reaches far past the record
+        PruneParams(temperature=0.8),
+        PruneParams(temperature=0.7, top_k=40),
+    ],
+)
+def test_replay_with_the_recorded_settings_reproduces_every_pick(tiny_lm, params):
+    from semviz.replay import replay
+
+    d = Decoder(
+        tiny_lm,
+        "A quiet harbour at dawn",
+        params,
+        DecodeSettings(max_new_tokens=24, seed=11, record_k=64),
+    )
+    d.run(24)
+    r = replay(d.trace, params)
+    assert r.token_ids == d.trace.token_ids
+    assert r.first_diff is None
