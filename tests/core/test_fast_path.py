@@ -3,14 +3,14 @@ reference (the core before these optimisations) on random inputs, ties and masks
 
 import math
 
-import _reference_pruning as ref
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_properties import logit_rows, params
 
 from semviz import pruning as core
+from tests.core import _reference_pruning as ref
+from tests.core.test_properties import logit_rows, params
 
 # the reference shares today's helpers, so only the chain's structure is compared
 for _name in ("entropy_stats", "_protect_head", "stable_head", "stable_order"):
