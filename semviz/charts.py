@@ -81,8 +81,10 @@ def _np(t) -> np.ndarray:
 
 
 def _show(label: str) -> str:
-    """A token made visible: spaces and newlines shown, long ones cut."""
+    """A token made visible: spaces and newlines shown, other control characters escaped
+    (a raw one makes the exported SVG, and so the PNG, invalid), long ones cut."""
     s = label.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
     return s if len(s) <= 14 else s[:13] + "…"
 
 
