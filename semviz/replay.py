@@ -173,6 +173,10 @@ def replay_steps(
             rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse
         )
         idx = _pick(rec, res)
+        if res.n_kept == rec.cand_ids.numel() and rec.final_tail_mass > 0:
+            # every recorded candidate survived, so the unrecorded tail the live run kept
+            # survives too: count it, rather than report the record's size
+            res.n_kept = max(res.n_kept, rec.n_kept)
         if rec.chosen_rank >= 0:
             state.observe(res, rec.chosen_rank, rec.token_id)
         else:
