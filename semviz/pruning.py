@@ -855,15 +855,18 @@ def prune(
     alive = finite  # (K,) tokens still in play
     s = x  # (K,) adjusted score, log P + λG up to a constant
     if g is not None and eff.gravity_lambda != 0.0:
+        # a constant G shifts every score alike: the distribution is unchanged, so add
+        # nothing rather than let float rounding break near-ties (exact identity)
+        lg = 0.0 if bool(g.max() == g.min()) else eff.gravity_lambda * g
         if eff.gravity_mode == "rerank":
             cand = top_k_mask(x, eff.rerank_k, eff.min_tokens_to_keep, "stable")[0] & finite
             waterfall.append(_stage("rerank", p_raw / max(p_raw.sum(), 1e-30), alive, cand))
             alive = cand
             n_alive = int(torch.count_nonzero(alive))
             dense = n_alive == K
-            s = _masked(x + eff.gravity_lambda * g, alive)
+            s = _masked(x + lg, alive)
         else:
-            s = x + eff.gravity_lambda * g
+            s = x + lg if isinstance(lg, torch.Tensor) else x
             waterfall.append(Stage("gravity", n_alive, 0.0))
     if s is x:
         p_grav, logp_s = p_raw if tail_logsumexp is None else None, logp_raw

@@ -463,13 +463,31 @@ def export_pngs(
         raise ValueError(f"engine must be auto, kaleido or playwright, got {engine!r}")
     if engine in ("auto", "kaleido"):
         try:
-            return _kaleido_export(vs, out, progress, should_stop), "kaleido"
+            return _off_loop(_kaleido_export, vs, out, progress, should_stop), "kaleido"
         except Exception:
             if engine == "kaleido":
                 raise
     if html_path is None:
         raise ValueError("the playwright engine screenshots report.html: pass html_path")
-    return _playwright_export(vs, out, Path(html_path), progress, should_stop), "playwright"
+    pngs = _off_loop(_playwright_export, vs, out, Path(html_path), progress, should_stop)
+    return pngs, "playwright"
+
+
+def _off_loop(fn, *args):
+    """Call ``fn`` here, or in a worker thread when this thread already runs an event loop.
+
+    Both exporters drive a browser through asyncio (kaleido's ``asyncio.run``, Playwright's
+    sync API), which refuses to start inside a running loop (a notebook, an async caller).
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn(*args)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 # -- the bundle --------------------------------------------------------------------------------

@@ -69,8 +69,10 @@ def app_url():
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # module scope: playwright's sync API runs an event loop in this thread while it is open,
+    # which would break later tests that call asyncio.run (kaleido's PNG export)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
