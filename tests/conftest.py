@@ -58,7 +58,7 @@ def tiny_lm(tiny_dir):
 
 @pytest.fixture(scope="session")
 def real_lm():
-    """The real default model (SmolLM2-135M-Instruct), in its default dtype."""
+    """The real default model (SmolLM2-135M-Instruct), in its default dtype (float32 on CPU)."""
     import semviz
 
     return semviz.load_model(device="cpu")
@@ -70,3 +70,11 @@ def real_lm_f32():
     import semviz
 
     return semviz.load_model(device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def real_lm_bf16():
+    """The real default model in bfloat16."""
+    import semviz
+
+    return semviz.load_model(device="cpu", dtype="bfloat16")

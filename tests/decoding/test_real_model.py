@@ -14,9 +14,9 @@ pytestmark = pytest.mark.real_model
 PROMPT = "Explain in two sentences why the sky is blue."
 
 
-@pytest.mark.parametrize("dtype", ["float32", "default"])
-def test_greedy_decoder_equals_generate(real_lm, real_lm_f32, dtype):
-    lm = real_lm_f32 if dtype == "float32" else real_lm
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_decoder_equals_generate(real_lm_f32, real_lm_bf16, dtype):
+    lm = real_lm_f32 if dtype == "float32" else real_lm_bf16
     d = Decoder(lm, PROMPT, PruneParams(temperature=0.0), DecodeSettings(max_new_tokens=32))
     d.eos_ids = set()  # compare all 32 tokens, like min_new_tokens below
     d.run(32)
