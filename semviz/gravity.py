@@ -223,14 +223,23 @@ def candidate_matrix(
     version, so two models, or a model whose weights changed, never share an entry.
     """
     w = _weight(model, space)
-    key = (space, sim, id(w), w._version, w.dtype, w.device)
+
+    def build() -> Tensor:
+        m = w.detach().float()
+        return _unit_rows(m) if sim == "cosine" else m.clone()
+
+    return _cached(model, (space, sim), w, build)
+
+
+def _cached(model: torch.nn.Module, tag: tuple, w: Tensor, build) -> Tensor:
+    """``build()`` cached per model and ``tag``, rebuilt when the weight ``w`` changes."""
+    key = (*tag, id(w), w._version, w.dtype, w.device)
     per_model = _CACHE.setdefault(model, {})
     hit = per_model.get(key)
     if hit is None:
         with torch.no_grad():
-            hit = w.detach().float()
-            hit = _unit_rows(hit) if sim == "cosine" else hit.clone()
-        for k in [k for k in per_model if k[:2] == (space, sim)]:
+            hit = build()
+        for k in [k for k in per_model if k[: len(tag)] == tag]:
             del per_model[k]
         per_model[key] = hit
     return hit
@@ -332,16 +341,9 @@ def fuses_with_lm_head(model: torch.nn.Module, space: Space) -> bool:
 def row_norms(model: torch.nn.Module, space: Space) -> Tensor:
     """``‖c_w‖`` of every candidate row in ``space``, float32, cached like the matrix. ``(V,)``"""
     w = _weight(model, space)
-    key = ("norms", space, id(w), w._version, w.dtype, w.device)
-    per_model = _CACHE.setdefault(model, {})
-    hit = per_model.get(key)
-    if hit is None:
-        with torch.no_grad():
-            hit = w.detach().float().norm(dim=-1).clamp_min(_EPS)  # (V,)
-        for k in [k for k in per_model if k[:2] == ("norms", space)]:
-            del per_model[k]
-        per_model[key] = hit
-    return hit
+    return _cached(
+        model, ("norms", space), w, lambda: w.detach().float().norm(dim=-1).clamp_min(_EPS)
+    )
 
 
 def logits_and_gravity(
