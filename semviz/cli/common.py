@@ -64,6 +64,16 @@ def add_prune_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=_parse_ints, default=None, metavar="I,J,…")
 
 
+def add_chat_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat",
+        type=_parse_bool,
+        default=None,
+        metavar="{on,off}",
+        help="use the chat template (default: on for models that have one)",
+    )
+
+
 def _parse_bool(s: str) -> bool:
     if s.lower() in ("1", "on", "true", "yes"):
         return True

@@ -42,13 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, default=48, help="new tokens per side (default 48)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--chat",
-        type=common._parse_bool,
-        default=None,
-        metavar="{on,off}",
-        help="use the chat template (default: on for models that have one)",
-    )
+    common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the metrics table")
     common.add_model_args(p)

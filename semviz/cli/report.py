@@ -43,10 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=64, help="with --prompt: maximum new tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument(
-        "--chat", type=common._parse_bool, default=None, metavar="{on,off}",
-        help="use the chat template (default: on for models that have one)",
-    )  # fmt: skip
+    common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     common.add_model_args(p)
     common.add_prune_args(p)

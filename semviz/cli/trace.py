@@ -15,13 +15,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="trace.json", help="where to write the trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument(
-        "--chat",
-        type=common._parse_bool,
-        default=None,
-        metavar="{on,off}",
-        help="use the chat template (default: on for models that have one)",
-    )
+    common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
     common.add_prune_args(p)
@@ -29,7 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz.decoding import DecodeSettings, Decoder
+    from semviz.decoding import Decoder, DecodeSettings
 
     if args.steps < 1:
         raise ValueError("--steps must be at least 1")
