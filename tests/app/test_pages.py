@@ -9,12 +9,12 @@ import pytest
 from tests.app.conftest import run_steps
 
 PAGES = [
-    "pages/generate.py",
-    "pages/distributions.py",
-    "pages/thermodynamics.py",
-    "pages/attention.py",
-    "pages/kv_cache.py",
-    "pages/pipeline.py",
+    "app_pages/generate.py",
+    "app_pages/distributions.py",
+    "app_pages/thermodynamics.py",
+    "app_pages/attention.py",
+    "app_pages/kv_cache.py",
+    "app_pages/pipeline.py",
 ]
 
 
@@ -71,12 +71,12 @@ def test_reset_and_rewind(generated):
 
 
 SLIDER_CASES = [
-    ("pages/generate.py", "s_temperature", 0.3),
-    ("pages/distributions.py", "s_temperature", 0.3),
-    ("pages/distributions.py", "s_top_k", 3),
-    ("pages/thermodynamics.py", "s_temperature", 0.3),
-    ("pages/attention.py", "s_gravity_sim", "dot"),
-    ("pages/pipeline.py", "s_top_p", 0.5),
+    ("app_pages/generate.py", "s_temperature", 0.3),
+    ("app_pages/distributions.py", "s_temperature", 0.3),
+    ("app_pages/distributions.py", "s_top_k", 3),
+    ("app_pages/thermodynamics.py", "s_temperature", 0.3),
+    ("app_pages/attention.py", "s_gravity_sim", "dot"),
+    ("app_pages/pipeline.py", "s_top_p", 0.5),
 ]
 
 
@@ -98,7 +98,7 @@ def test_moving_a_slider_changes_the_figures(generated, page, key, value):
 def test_slider_widget_drives_the_replay(app):
     """The sidebar widget itself (not only its state) reaches the what-if."""
     run_steps(app, 6)
-    app.switch_page("pages/distributions.py").run()
+    app.switch_page("app_pages/distributions.py").run()
     before = charts(app)["0"]["data"]
     app.slider(key="s_temperature").set_value(0.2).run()
     assert charts(app)["0"]["data"] != before
@@ -150,7 +150,7 @@ def test_empty_prompt(generated):
     assert not at.exception
     assert any("prompt is empty" in e for e in errors(at)), errors(at)
     assert n_steps(at) == 8
-    at.switch_page("pages/distributions.py").run()
+    at.switch_page("app_pages/distributions.py").run()
     assert at.get("plotly_chart")
 
 
@@ -163,7 +163,7 @@ def test_unknown_model(generated):
     at.button(key="btn_step").click().run()
     assert any("no-such-model-xyz" in e for e in errors(at))
     assert n_steps(at) == 8
-    at.switch_page("pages/thermodynamics.py").run()
+    at.switch_page("app_pages/thermodynamics.py").run()
     assert not at.exception
     assert at.get("plotly_chart")
 
@@ -192,7 +192,7 @@ def test_sliders_that_would_remove_every_token(generated):
     empty = [i for i, r in enumerate(wi.results) if filters_disjoint(r)]
     assert empty, "no step with an empty intersection"
     at.session_state["semviz"].selected = empty[0]
-    at.switch_page("pages/distributions.py").run()
+    at.switch_page("app_pages/distributions.py").run()
     assert not at.exception
     assert any("remove every candidate" in w.value for w in at.warning)
     assert all(r.n_kept >= 1 for r in wi.results)  # the core still keeps one
@@ -217,7 +217,7 @@ def test_kv_policy_run_and_kv_eval(app):
     app.session_state["s_kv_budget"] = 16
     app.session_state["s_chat"] = False
     run_steps(app, 24)
-    app.switch_page("pages/kv_cache.py").run()
+    app.switch_page("app_pages/kv_cache.py").run()
     assert not app.exception
     tr = app.session_state["semviz"].decoder.trace
     assert tr.steps[-1].cache_len <= 17
@@ -233,7 +233,7 @@ def test_kv_policy_run_and_kv_eval(app):
 
 def test_pipeline_measures_prefill(generated):
     at = generated
-    at.switch_page("pages/pipeline.py").run()
+    at.switch_page("app_pages/pipeline.py").run()
     at.button(key="pipe_measure").click().run()
     assert not at.exception
     assert at.session_state["semviz"].prefill_scan is not None

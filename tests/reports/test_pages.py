@@ -12,14 +12,14 @@ import pytest
 from tests.app.conftest import APP, TIMEOUT, run_steps
 
 NEW_PAGES = [
-    "pages/compare.py",
-    "pages/report.py",
-    "pages/tour_1_baseline.py",
-    "pages/tour_2_entropy.py",
-    "pages/tour_3_distribution.py",
-    "pages/tour_4_gravity.py",
-    "pages/tour_5_ab.py",
-    "pages/presenter.py",
+    "app_pages/compare.py",
+    "app_pages/report.py",
+    "app_pages/tour_1_baseline.py",
+    "app_pages/tour_2_entropy.py",
+    "app_pages/tour_3_distribution.py",
+    "app_pages/tour_4_gravity.py",
+    "app_pages/tour_5_ab.py",
+    "app_pages/presenter.py",
 ]
 
 
@@ -55,12 +55,16 @@ def test_pages_without_and_with_a_run(new_app):
     for p in NEW_PAGES:
         at.switch_page(p).run()
         no_errors(at)
-    at.switch_page("pages/generate.py").run()
+    at.switch_page("app_pages/generate.py").run()
     run_steps(at, 6)
     for p in NEW_PAGES:
         at.switch_page(p).run()
         no_errors(at)
-        if p not in ("pages/tour_4_gravity.py", "pages/tour_5_ab.py", "pages/compare.py"):
+        if p not in (
+            "app_pages/tour_4_gravity.py",
+            "app_pages/tour_5_ab.py",
+            "app_pages/compare.py",
+        ):
             assert at.get("plotly_chart"), f"{p} drew no chart"
 
 
@@ -72,7 +76,7 @@ def test_copied_link_reproduces_tokens_and_views(new_app):
     a.run()
     run_steps(a, 6)
     a.session_state["semviz"].selected = 2
-    a.switch_page("pages/distributions.py").run()
+    a.switch_page("app_pages/distributions.py").run()
     link = dict(a.query_params)
     assert link["seed"] == "7" and link["top_k"] == "30" and link["step"] == "2"
     assert link["prompt"] == "A quiet harbour" and link["run_n"] == "6"
@@ -84,7 +88,7 @@ def test_copied_link_reproduces_tokens_and_views(new_app):
     assert (sb.temperature, sb.top_k, sb.seed, sb.prompt) == (0.6, 30, 7, "A quiet harbour")
     run_steps(b, int(link["run_n"]))
     assert b.session_state["semviz"].decoder.trace.token_ids == tokens_a
-    b.switch_page("pages/distributions.py").run()
+    b.switch_page("app_pages/distributions.py").run()
     assert b.session_state["semviz"].selected_step() == 2
     assert specs(b) == views_a
     assert dict(b.query_params) == link
@@ -97,7 +101,7 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
 
     at = new_app()
     run_steps(at, 5)
-    at.switch_page("pages/report.py").run()
+    at.switch_page("app_pages/report.py").run()
     no_errors(at)
     at.toggle(key="report_png").set_value(False).run()
     at.button(key="report_build").click().run()
@@ -114,7 +118,7 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     trace = at.session_state["semviz"].decoder.trace
     trace.save(tmp_path / "t.json")
     at2 = new_app()
-    at2.switch_page("pages/report.py").run()
+    at2.switch_page("app_pages/report.py").run()
     at2.radio(key="report_source").set_value("a saved trace").run()
     at2.text_input(key="report_path").input(str(tmp_path / "t.json")).run()
     no_errors(at2)
@@ -128,7 +132,7 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
 
 def test_compare_page_runs_and_stops(new_app):
     at = new_app()
-    at.switch_page("pages/compare.py").run()
+    at.switch_page("app_pages/compare.py").run()
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
     job = at.session_state["semviz"].extra["compare"]
@@ -157,7 +161,7 @@ def test_presenter_freezes_the_step(new_app):
     at = new_app()
     run_steps(at, 4)
     at.session_state["semviz"].selected = 1
-    at.switch_page("pages/presenter.py").run()
+    at.switch_page("app_pages/presenter.py").run()
     no_errors(at)
     assert not at.sidebar.slider and not at.sidebar.text_area  # no settings sidebar
     assert at.query_params["step"] == "1"
@@ -171,19 +175,19 @@ def test_presenter_freezes_the_step(new_app):
 
 def test_tour_applies_its_settings(new_app):
     at = new_app()
-    at.switch_page("pages/tour_1_baseline.py").run()
+    at.switch_page("app_pages/tour_1_baseline.py").run()
     at.button(key="tour1_apply").click().run()
     s = at.session_state["settings"]
     assert (s.temperature, s.top_k, s.top_p, s.gravity_lambda) == (0.8, 50, 0.95, 0.0)
-    at.switch_page("pages/generate.py").run()
+    at.switch_page("app_pages/generate.py").run()
     run_steps(at, 4)
-    at.switch_page("pages/tour_4_gravity.py").run()
+    at.switch_page("app_pages/tour_4_gravity.py").run()
     at.button(key="tour4_apply").click().run()
     no_errors(at)
     s = at.session_state["settings"]
     assert s.gravity_lambda == 0.5 and s.gravity_mode == "rerank"
     assert len(at.get("plotly_chart")) >= 2  # rank shift and the replayed entropy
-    at.switch_page("pages/tour_5_ab.py").run()
+    at.switch_page("app_pages/tour_5_ab.py").run()
     at.button(key="tour5_setup").click().run()
-    at.switch_page("pages/compare.py").run()
+    at.switch_page("app_pages/compare.py").run()
     assert at.text_input(key="cmp_b").value.endswith("gravity_mode=rerank")

@@ -4,9 +4,8 @@ import math
 
 import streamlit as st
 
-from pages import tour_common as tour
 from semviz import charts
-from ui import page
+from ui import page, tour
 
 ctx = page.context("Tour 2 · Log entropy only")
 tour.header(

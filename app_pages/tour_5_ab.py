@@ -3,9 +3,8 @@
 import pandas as pd
 import streamlit as st
 
-from pages import tour_common as tour
 from semviz.metrics import METRIC_INFO
-from ui import page
+from ui import page, tour
 
 ctx = page.context("Tour 5 · A/B: latency and quality")
 tour.header(
@@ -35,7 +34,7 @@ def _setup() -> None:
 
 st.button("Set up this A/B on the Compare page", type="primary", key="tour5_setup",
           on_click=_setup)  # fmt: skip
-st.page_link("pages/compare.py", label="Open Compare", icon=":material/compare_arrows:")
+st.page_link("app_pages/compare.py", label="Open Compare", icon=":material/compare_arrows:")
 st.code(
     f'python -m semviz compare --prompt "{ctx.settings.prompt}" --a "{tour.BASELINE_SPEC}" '
     f'--b "{tour.GRAVITY_SPEC}" --seed {ctx.settings.seed} --json',

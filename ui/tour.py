@@ -1,4 +1,4 @@
-"""Shared pieces of the guided tour (pages/tour_1…5): the step header, the settings each step
+"""Shared pieces of the guided tour (app_pages/tour_1…5): the step header, the settings each step
 applies, and the navigation between steps. The tour follows the seed's learning path (§8)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from semviz.pruning import PruneParams
 from ui.state import Settings
 
 STEPS = (
-    ("pages/tour_1_baseline.py", "Tour 1 · The baseline chain"),
-    ("pages/tour_2_entropy.py", "Tour 2 · Log entropy only"),
-    ("pages/tour_3_distribution.py", "Tour 3 · Watch its distribution"),
-    ("pages/tour_4_gravity.py", "Tour 4 · Gravity as a rerank"),
-    ("pages/tour_5_ab.py", "Tour 5 · A/B: latency and quality"),
+    ("app_pages/tour_1_baseline.py", "Tour 1 · The baseline chain"),
+    ("app_pages/tour_2_entropy.py", "Tour 2 · Log entropy only"),
+    ("app_pages/tour_3_distribution.py", "Tour 3 · Watch its distribution"),
+    ("app_pages/tour_4_gravity.py", "Tour 4 · Gravity as a rerank"),
+    ("app_pages/tour_5_ab.py", "Tour 5 · A/B: latency and quality"),
 )
 
 # The plain chain of step 1 (HF generate's usual sampling defaults), and step 4 on top of it.
@@ -50,7 +50,7 @@ def footer(n: int) -> None:
     if n > 1:
         c1.page_link(STEPS[n - 2][0], label="← " + STEPS[n - 2][1])
     c2.page_link(
-        "pages/generate.py", label="Generate (step, run, play)", icon=":material/play_arrow:"
+        "app_pages/generate.py", label="Generate (step, run, play)", icon=":material/play_arrow:"
     )
     if n < len(STEPS):
         c3.page_link(STEPS[n][0], label=STEPS[n][1] + " →")

@@ -2,9 +2,8 @@
 
 import streamlit as st
 
-from pages import tour_common as tour
 from semviz import charts
-from ui import page
+from ui import page, tour
 
 ctx = page.context("Tour 4 · Gravity as a rerank")
 tour.header(

@@ -77,4 +77,4 @@ else:
     fig.update_xaxes(tickfont={"size": 20}, tickangle=-30)
     fig.update_yaxes(tickfont={"size": 18}, title_font={"size": 20})
     st.plotly_chart(fig, key="pres_dist", config={"displayModeBar": False})
-st.page_link("pages/generate.py", label="Leave presenter mode", icon=":material/arrow_back:")
+st.page_link("app_pages/generate.py", label="Leave presenter mode", icon=":material/arrow_back:")

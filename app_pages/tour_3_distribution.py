@@ -4,9 +4,8 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages import tour_common as tour
 from semviz import charts
-from ui import page
+from ui import page, tour
 
 ctx = page.context("Tour 3 · Watch its distribution")
 tour.header(
