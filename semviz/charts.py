@@ -65,7 +65,8 @@ def _layout(fig: go.Figure, title: str | None = None, height: int = 360) -> go.F
         title=None if title is None else {"text": title, "x": 0.0, "font": {"size": 14}},
         template="plotly_white",
         height=height,
-        margin={"l": 50, "r": 20, "t": 40 if title else 20, "b": 40},
+        # subplot titles are annotations above the plot area: give them room too
+        margin={"l": 50, "r": 20, "t": 40 if title or fig.layout.annotations else 20, "b": 40},
         legend={"orientation": "h", "y": -0.18, "x": 0.0},
         hoverlabel={"namelength": -1},
     )
