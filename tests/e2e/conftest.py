@@ -12,16 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from semviz.report import BROWSER_ARGS, chromium_path
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-CHROMIUM = os.environ.get("SEMVIZ_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+# the same browser and flags the report's PNG export uses
+CHROMIUM = chromium_path() or "/usr/bin/chromium"
+ARGS = BROWSER_ARGS
 
 
 def _free_port() -> int:

@@ -5,23 +5,18 @@ The screenshot goes to tests/reports/artifacts/report_offline.png.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from semviz.report import BROWSER_ARGS, chromium_path
 from tests.reports.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_model]
 
-CHROMIUM = os.environ.get("SEMVIZ_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+# the same browser and flags the report's PNG export uses
+CHROMIUM = chromium_path() or "/usr/bin/chromium"
+ARGS = BROWSER_ARGS
 
 
 def test_report_html_draws_offline(real_report):
