@@ -92,6 +92,7 @@ from semviz.gravity import (
     gravity_potential,
     normalize_gravity,
 )
+from semviz.model import require_rope
 
 __all__ = [
     "POLICIES",
@@ -330,6 +331,8 @@ class EvictionPolicy:
     def reset(self, session: Any) -> None:
         """Forget all state; called when a session (re)starts its prefill."""
         n_layers = int(session.lm.model.config.num_hidden_layers)
+        if self.rerotate:
+            require_rope(session.lm)
         for name in ("budget", "threshold"):
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != n_layers:

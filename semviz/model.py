@@ -73,7 +73,13 @@ class LoadedModel:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def summary(self) -> dict:
-        """Config facts that traces and the pipeline page show."""
+        """Config facts that traces and the pipeline page show.
+
+        Read through the standard config names, which every family maps to its own (GPT-2's
+        ``n_layer``, ``n_head``, ``n_embd``, ``n_positions``); a config without
+        ``num_key_value_heads`` has one KV head per query head, and one without ``head_dim``
+        splits the hidden size evenly.
+        """
         c = self.model.config
         n_heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
@@ -83,7 +89,8 @@ class LoadedModel:
             "architecture": type(self.model).__name__,
             "num_layers": c.num_hidden_layers,
             "num_heads": n_heads,
-            "num_kv_heads": getattr(c, "num_key_value_heads", n_heads),
+            "num_kv_heads": getattr(c, "num_key_value_heads", None) or n_heads,
+            "rope": uses_rope(self.model),
             "head_dim": head_dim,
             "hidden_size": c.hidden_size,
             "vocab_size": c.vocab_size,
@@ -91,6 +98,39 @@ class LoadedModel:
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
         }
+
+
+def _rotary(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The base model's rotary embedding module, when it has one with ``inv_freq``."""
+    rope = getattr(model.get_decoder(), "rotary_emb", None)
+    return rope if rope is not None and hasattr(rope, "inv_freq") else None
+
+
+def uses_rope(model: torch.nn.Module) -> bool:
+    """True when ``model`` puts positions into its keys with RoPE on every key dimension.
+
+    Llama, Qwen2, Gemma and most current decoders do (one ``rotary_emb`` on the base model,
+    its ``inv_freq`` covering half of ``head_dim``). GPT-2 does not: its learned absolute
+    positions are added to the input, so a cached key carries its position from layer 0 on.
+    Partial rotary (only some of each key's dimensions rotated) counts as no: what needs RoPE
+    here, key re-rotation, rotates every dimension.
+    """
+    rope = _rotary(model)
+    if rope is None:
+        return False
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * rope.inv_freq.numel() == head_dim
+
+
+def require_rope(lm: LoadedModel, what: str = "Key re-rotation") -> None:
+    """Raise ``ValueError`` with one sentence naming the model when it does not use RoPE."""
+    if not uses_rope(lm.model):
+        raise ValueError(
+            f"{what} needs a model with rotary position embeddings (RoPE) on every key "
+            f"dimension, and {lm.name} ({type(lm.model).__name__}) has none: turn it off "
+            "for this model."
+        )
 
 
 def cache_dir() -> Path:
