@@ -460,20 +460,14 @@ class HiddenSink:
         self.hidden, self.chunks = None, []
 
 
-def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
-    base = getattr(model, "model", None) or model.get_decoder()
-    norm = getattr(base, "norm", None)
-    if norm is None:
-        raise ValueError("capture_hidden: could not find the final norm module (model.model.norm)")
-    return norm
-
-
 @contextlib.contextmanager
 def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
     """Collect the final normed hidden states of every forward while the block runs.
 
-    A forward hook on the final norm is added on entry and removed in ``finally``; only
-    forwards run inside the block are recorded (use it around one ``generate`` call).
+    A forward hook on the base model (``model.get_decoder()``, whose output is the LM head's
+    input in every family: the final norm is its last module, whatever it is called) is added
+    on entry and removed in ``finally``; only forwards run inside the block are recorded (use
+    it around one ``generate`` call).
 
     Examples
     --------
@@ -482,7 +476,7 @@ def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
     ...     model.generate(ids, do_sample=True, logits_processor=[proc])
     """
     sink = HiddenSink()
-    handle = _final_norm(model).register_forward_hook(lambda mod, args, out: sink.add(out))
+    handle = model.get_decoder().register_forward_hook(lambda mod, args, out: sink.add(out[0]))
     try:
         yield sink
     finally:

@@ -133,7 +133,7 @@ def test_attention_and_hidden_gravity_in_generate(tiny_llama):
         _generate(tiny_llama, [a, e, sp.TopPLogitsWarper(0.9)])
         assert a.last_gravity.shape == (2, 256)
         assert sink.stacked().shape[:3] == (2, 2, 4)  # (L, B, H, S)
-    assert not tiny_llama._forward_pre_hooks and not tiny_llama.model.norm._forward_hooks
+    assert not tiny_llama._forward_pre_hooks and not tiny_llama.model._forward_hooks
 
 
 def test_gravity_processor_matches_core(tiny_llama):
