@@ -167,7 +167,7 @@ class Decoder:
     # -- state ---------------------------------------------------------------------------
     def _reset(self) -> None:
         cfg = self.lm.model.config
-        self.cache = DynamicCache(config=cfg)
+        self.cache = self.lm.new_cache()  # every layer keeps every entry
         self.generator = torch.Generator(device="cpu").manual_seed(int(self.settings.seed))
         self.sampler = pruning.SamplerState()
         self.ids: list[int] = list(self.prompt_ids)

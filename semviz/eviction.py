@@ -92,7 +92,7 @@ from semviz.gravity import (
     gravity_potential,
     normalize_gravity,
 )
-from semviz.model import require_rope
+from semviz.model import require_full_attention, require_rope
 
 __all__ = [
     "POLICIES",
@@ -331,6 +331,8 @@ class EvictionPolicy:
     def reset(self, session: Any) -> None:
         """Forget all state; called when a session (re)starts its prefill."""
         n_layers = int(session.lm.model.config.num_hidden_layers)
+        if self.budget is not None or self.threshold is not None:
+            require_full_attention(session.lm)
         if self.rerotate:
             require_rope(session.lm)
         for name in ("budget", "threshold"):
@@ -825,8 +827,6 @@ def teacher_force(lm, ids: Sequence[int], policy: EvictionPolicy | None, *, pref
     policy's timeline record (None without a policy) and ``seconds`` the forward plus eviction
     time. The cache's bytes at their peak (before eviction) are in ``event["peak_bytes"]``.
     """
-    from transformers import DynamicCache
-
     from semviz.capture import AttentionSink, enable_capture
     from semviz.decoding import cache_nbytes
 
@@ -838,7 +838,7 @@ def teacher_force(lm, ids: Sequence[int], policy: EvictionPolicy | None, *, pref
     prefill = max(1, min(int(prefill), len(ids)))
     session = CacheSession(
         lm=lm,
-        cache=DynamicCache(config=model.config),
+        cache=lm.new_cache(),
         positions=[torch.zeros(0, dtype=torch.long) for _ in range(model.config.num_hidden_layers)],
         ids=[],
     )

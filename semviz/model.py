@@ -68,6 +68,10 @@ class LoadedModel:
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
 
+    def new_cache(self):
+        """A fresh KV cache for one session (see :func:`new_cache`)."""
+        return new_cache(self.model)
+
     @property
     def is_chat(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
@@ -91,6 +95,7 @@ class LoadedModel:
             "num_heads": n_heads,
             "num_kv_heads": getattr(c, "num_key_value_heads", None) or n_heads,
             "rope": uses_rope(self.model),
+            "sliding_window": sliding_window(self.model),
             "head_dim": head_dim,
             "hidden_size": c.hidden_size,
             "vocab_size": c.vocab_size,
@@ -100,37 +105,114 @@ class LoadedModel:
         }
 
 
-def _rotary(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The base model's rotary embedding module, when it has one with ``inv_freq``."""
-    rope = getattr(model.get_decoder(), "rotary_emb", None)
-    return rope if rope is not None and hasattr(rope, "inv_freq") else None
-
-
 def uses_rope(model: torch.nn.Module) -> bool:
-    """True when ``model`` puts positions into its keys with RoPE on every key dimension.
+    """True when ``model`` puts positions into its keys with rotary embeddings (RoPE).
 
-    Llama, Qwen2, Gemma and most current decoders do (one ``rotary_emb`` on the base model,
-    its ``inv_freq`` covering half of ``head_dim``). GPT-2 does not: its learned absolute
-    positions are added to the input, so a cached key carries its position from layer 0 on.
-    Partial rotary (only some of each key's dimensions rotated) counts as no: what needs RoPE
-    here, key re-rotation, rotates every dimension.
+    Llama, Qwen2, Gemma and most current decoders do (a ``rotary_emb`` on the base model).
+    GPT-2 does not: its learned absolute positions are added to the input, so a cached key
+    carries its position from layer 0 on.
     """
-    rope = _rotary(model)
-    if rope is None:
-        return False
+    return getattr(model.get_decoder(), "rotary_emb", None) is not None
+
+
+def rope_inv_freq(model: torch.nn.Module) -> torch.Tensor | None:
+    """The one set of RoPE frequencies that rotates every key dimension of every layer.
+
+    ``(head_dim / 2,)`` float32 on the CPU; None without RoPE, with partial rotary (only part
+    of each key rotated) or with frequencies per layer type (Gemma 3's local and global).
+    """
+    rope = getattr(model.get_decoder(), "rotary_emb", None)
+    inv = getattr(rope, "inv_freq", None)
+    if not isinstance(inv, torch.Tensor):
+        return None
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * rope.inv_freq.numel() == head_dim
+    return inv.detach().float().cpu() if 2 * inv.numel() == head_dim else None
 
 
 def require_rope(lm: LoadedModel, what: str = "Key re-rotation") -> None:
-    """Raise ``ValueError`` with one sentence naming the model when it does not use RoPE."""
-    if not uses_rope(lm.model):
-        raise ValueError(
-            f"{what} needs a model with rotary position embeddings (RoPE) on every key "
-            f"dimension, and {lm.name} ({type(lm.model).__name__}) has none: turn it off "
-            "for this model."
-        )
+    """Raise ``ValueError`` with one sentence naming the model unless :func:`rope_inv_freq`
+    gives its frequencies (what shifting a cached key to another position needs)."""
+    if rope_inv_freq(lm.model) is not None:
+        return
+    how = "has none" if not uses_rope(lm.model) else "uses partial or per-layer RoPE"
+    raise ValueError(
+        f"{what} needs rotary position embeddings (RoPE) with one set of frequencies over "
+        f"every key dimension, and {lm.name} ({type(lm.model).__name__}) {how}: turn it off "
+        "for this model."
+    )
+
+
+def sliding_window(model: torch.nn.Module) -> int | None:
+    """The smallest window of the model's sliding-window layers; None when there are none.
+
+    Read as transformers' cache reads the config (``layer_types``, ``sliding_window``,
+    chunked attention).
+    """
+    from transformers import DynamicCache
+
+    windows = [
+        int(lay.sliding_window)
+        for lay in DynamicCache(config=model.config).layers
+        if getattr(lay, "is_sliding", False)
+    ]
+    return min(windows) if windows else None
+
+
+def require_full_attention(lm: LoadedModel, what: str = "KV-cache eviction") -> None:
+    """Raise ``ValueError`` with one sentence naming the model when it has sliding-window
+    layers: the model finds a sliding layer's window by cache index, so once entries are
+    evicted the window would reach back past its true length."""
+    window = sliding_window(lm.model)
+    if window is None:
+        return
+    raise ValueError(
+        f"{what} needs every layer to attend to the whole cache, and {lm.name} "
+        f"({type(lm.model).__name__}) has sliding-window layers ({window} tokens) whose window "
+        "would count cache entries instead of positions once entries are evicted: use the "
+        "full cache for this model."
+    )
+
+
+def unsupported_reason(config) -> str | None:
+    """Why semviz cannot run a model with this config faithfully, as a clause for one
+    sentence; None if it can.
+
+    Soft-capping (Gemma 2: ``cap·tanh(x/cap)`` on the attention scores and on the output
+    logits) is the one known case: the sdpa kernel the attention capture runs has no
+    soft-cap, and the decoder reads its logits straight from the LM head.
+    """
+    c = config.get_text_config(decoder=True)
+    capped = [
+        name
+        for name in ("attn_logit_softcapping", "final_logit_softcapping")
+        if getattr(c, name, None) is not None
+    ]
+    if not capped:
+        return None
+    arch = (getattr(config, "architectures", None) or [config.model_type])[0]
+    return (
+        f"{arch} soft-caps its logits ({', '.join(capped)}), which semviz's attention "
+        "capture and decoder do not reproduce; choose a model without soft-capping"
+    )
+
+
+def new_cache(model: torch.nn.Module):
+    """A ``DynamicCache`` for ``model`` in which every layer keeps every entry.
+
+    transformers' cache drops a sliding-window layer's keys once they leave the window.
+    semviz keeps them, so that every layer's cache holds one entry per token read, which the
+    decoder's position bookkeeping, the attention records and eviction rely on; the model's
+    own mask still limits each sliding layer to its window, so the outputs do not change.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [
+        DynamicLayer() if getattr(lay, "is_sliding", False) else lay for lay in cache.layers
+    ]
+    return cache
 
 
 def cache_dir() -> Path:
@@ -240,14 +322,25 @@ def _convert_gguf(gguf: Path, out: Path, progress: Progress | None) -> None:
 
 
 def _load_dir(
-    path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool, **hub
+    path: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+    *,
+    label: str,
+    **hub,
 ) -> tuple[torch.nn.Module, object]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with _quiet_transformers():
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
+        why = unsupported_reason(config)
+        if why is not None:  # before reading any weights
+            raise ModelLoadError(f"Could not load model {label!r}: {why}.")
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
         model = AutoModelForCausalLM.from_pretrained(
             path,
+            config=config,
             dtype=dtype,
             attn_implementation=IMPL_NAME,
             trust_remote_code=trust_remote_code,
@@ -327,7 +420,7 @@ def load_model(
                 converted = True
             if progress:
                 progress("Loading the converted model…", 0.9)
-            model, tok = _load_dir(str(target), dev, dt, trust_remote_code)
+            model, tok = _load_dir(str(target), dev, dt, trust_remote_code, label=str(label))
             source = f"gguf:{gguf.name}"
         elif Path(name).expanduser().is_dir():
             if not (Path(name).expanduser() / "config.json").is_file():
@@ -335,7 +428,9 @@ def load_model(
                     f"Could not load {name!r}: the directory has no config.json, so it is not a "
                     "saved model; point at a folder written by save_pretrained, or a .gguf file."
                 )
-            model, tok = _load_dir(str(Path(name).expanduser()), dev, dt, trust_remote_code)
+            model, tok = _load_dir(
+                str(Path(name).expanduser()), dev, dt, trust_remote_code, label=name
+            )
             source = f"dir:{Path(name).name}"
         else:
             if not _HUB_ID.fullmatch(name):
@@ -350,7 +445,9 @@ def load_model(
                     "pass its local directory, or leave the name empty for the offline default."
                 )
             try:
-                model, tok = _load_dir(name, dev, dt, trust_remote_code)
+                model, tok = _load_dir(name, dev, dt, trust_remote_code, label=name)
+            except ModelLoadError:
+                raise
             except Exception as exc:  # hub ids fail offline in many different ways
                 raise ModelLoadError(
                     f"Could not load model {name!r}: it is not a local directory or .gguf file, "
