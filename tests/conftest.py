@@ -22,11 +22,13 @@ TINY = dict(
 
 @dataclass(frozen=True)
 class Family:
-    """One tiny model family: config and model class names in transformers, config arguments."""
+    """One tiny model family: config and model class names in transformers, config arguments,
+    and the std of its random weights."""
 
     config: str
     model: str
     kwargs: dict
+    std: float = 0.2
 
 
 FAMILIES = {
@@ -45,6 +47,26 @@ FAMILIES = {
             n_embd=64, n_inner=128, n_layer=2, n_head=4, n_positions=512, tie_word_embeddings=True
         ),
     ),
+    # a sliding-window layer (8 tokens, so prompts reach past it) then a global one, each with
+    # its own RoPE base; q/k norms; scale 1/sqrt(query_pre_attn_scalar = 256), not 1/sqrt(16).
+    # From std 0.1 up the post-sublayer norms make the greedy output one token over and over.
+    "gemma3": Family(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            **TINY,
+            "head_dim": 16,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        std=0.05,
+    ),
+}
+
+# families semviz refuses to load (see semviz.model.unsupported_reason)
+REFUSED = {
+    # attention and output logits soft-capped
+    "gemma2": Family("Gemma2Config", "Gemma2ForCausalLM", {**TINY, "head_dim": 16}),
 }
 
 
@@ -53,20 +75,21 @@ def save_tiny(
     out: Path,
     tokenizer_dir: Path,
     *,
-    std: float = 0.2,
+    std: float | None = None,
     init_norms: bool = False,
     seed: int = 1234,
 ) -> Path:
     """Build a tiny random ``family`` model, save it with the real tokenizer to ``out``.
 
-    Weights are drawn at ``std``, larger than the default init so attention is not flat;
-    norm weights keep their default unless ``init_norms`` (a LayerNorm scale drawn near 0
-    flattens the output: GPT-2 then repeats one token).
+    Weights are drawn at ``std`` (default: the family's), larger than the default init so
+    attention is not flat; norm weights keep their default unless ``init_norms`` (a
+    LayerNorm scale drawn near 0 flattens the output: GPT-2 then repeats one token).
     """
     import transformers
     from transformers import AutoTokenizer
 
-    fam = FAMILIES[family]
+    fam = FAMILIES.get(family) or REFUSED[family]
+    std = fam.std if std is None else std
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     cfg = getattr(transformers, fam.config)(
         vocab_size=len(tok),

@@ -7,7 +7,10 @@ import pytest
 
 from tests.conftest import FAMILIES, save_tiny
 
-ROPE_FAMILIES = ("llama", "qwen2", "gemma")
+# what sets the families apart, for the tests that expect a refusal
+ROPE = ("llama", "qwen2", "gemma", "gemma3")  # rotary position embeddings
+REROTATABLE = ("llama", "qwen2", "gemma")  # one set of RoPE frequencies over every dimension
+SLIDING = {"gemma3": 8}  # sliding-window layers and their window
 
 
 @pytest.fixture(scope="session", params=list(FAMILIES))
