@@ -328,13 +328,18 @@ class EvictionPolicy:
         return int(r)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def check_model(self, lm: Any) -> None:
+        """Raise ``ValueError`` (one sentence naming the model) if this policy cannot run on
+        ``lm``: eviction needs every layer to see the whole cache, re-rotation needs RoPE."""
+        if self.budget is not None or self.threshold is not None:
+            require_full_attention(lm)
+        if self.rerotate:
+            require_rope(lm)
+
     def reset(self, session: Any) -> None:
         """Forget all state; called when a session (re)starts its prefill."""
         n_layers = int(session.lm.model.config.num_hidden_layers)
-        if self.budget is not None or self.threshold is not None:
-            require_full_attention(session.lm)
-        if self.rerotate:
-            require_rope(session.lm)
+        self.check_model(session.lm)
         for name in ("budget", "threshold"):
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != n_layers:
@@ -945,6 +950,8 @@ def kv_eval(
             runs.append((p, b, _as_policy(p, b, kw)))
     fixed = [p for p in policies if isinstance(p, EvictionPolicy)]
     runs += [(p.name, p.budget, p) for p in fixed]
+    for _, _, policy in runs:  # refuse before the reference pass, not after it
+        policy.check_model(lm)
     want_full = any(not isinstance(p, EvictionPolicy) and p == "full" for p in policies)
     n_fwd = len(ids) - max(1, min(prefill, len(ids))) + 1
     total = n_fwd * (1 + len(runs))

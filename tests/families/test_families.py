@@ -316,6 +316,22 @@ def test_cli_kv_eval_refuses_rerotation_without_rope(family, family_dir, capsys)
     assert str(family_dir) in err[0]
 
 
+@pytest.mark.parametrize("family", ["gpt2", "gemma3"], indirect=True)
+def test_kv_eval_refuses_before_its_reference_pass(family, family_lm):
+    ids = family_lm.tokenizer(PROMPT * 4, add_special_tokens=False)["input_ids"][:24]
+    calls = []
+    with pytest.raises(ValueError, match=re.escape(family_lm.name)):
+        ev.kv_eval(
+            family_lm,
+            ids,
+            ["full", "streaming"],
+            [8],
+            policy_kwargs={"streaming": {"rerotate": True}},
+            on_progress=lambda *a: calls.append(a),
+        )
+    assert calls == []
+
+
 def test_processors_in_generate_see_what_the_decoder_sees(family_lm, family_dir):
     """``capture_hidden`` finds the LM head's input in every family (GPT-2's is ``ln_f``'s
     output, Llama's ``norm``'s), and ``capture_attention`` equals eager's last row even
