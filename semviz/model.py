@@ -333,11 +333,11 @@ def _load_dir(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
         why = unsupported_reason(config)
         if why is not None:  # before reading any weights
             raise ModelLoadError(f"Could not load model {label!r}: {why}.")
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
         model = AutoModelForCausalLM.from_pretrained(
             path,
             config=config,
