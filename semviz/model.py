@@ -369,6 +369,45 @@ def _one_line(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
+def _gguf_and_label(name: str | None) -> tuple[Path | None, str | None]:
+    """The .gguf file ``name`` means (None for a directory or hub id) and the model's label."""
+    if name is None or name.strip() in ("", "default", DEFAULT_MODEL):
+        return default_gguf_path(), DEFAULT_MODEL
+    if name.endswith(".gguf"):
+        gguf = Path(name).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"Could not load {name!r}: no such .gguf file.")
+        return gguf, gguf.stem
+    return None, name
+
+
+def _load_hub(
+    name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+) -> tuple[torch.nn.Module, object]:
+    """``name`` as a Hugging Face hub id, where the hub is reachable."""
+    if not _HUB_ID.fullmatch(name):
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
+            "a valid Hugging Face id (owner/name); leave it empty for the offline default."
+        )
+    if not _hub_reachable():
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
+            "the Hugging Face hub is not reachable from here; download it elsewhere and "
+            "pass its local directory, or leave the name empty for the offline default."
+        )
+    try:
+        return _load_dir(name, device, dtype, trust_remote_code, label=name)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # hub ids fail offline in many different ways
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory or .gguf file, "
+            f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
+            "local model directory, a .gguf path, or no name for the offline default."
+        ) from None
+
+
 def load_model(
     name: str | None = None,
     *,
@@ -401,17 +440,7 @@ def load_model(
         raise ModelLoadError(f"Unknown device {device!r}: {_one_line(exc)}.") from None
     dt = parse_dtype(dtype, dev)
     converted = False
-    label = name
-    if name is None or name.strip() in ("", "default", DEFAULT_MODEL):
-        gguf, label = default_gguf_path(), DEFAULT_MODEL
-    elif name.endswith(".gguf"):
-        gguf = Path(name).expanduser()
-        if not gguf.is_file():
-            raise ModelLoadError(f"Could not load {name!r}: no such .gguf file.")
-        label = gguf.stem
-    else:
-        gguf = None
-
+    gguf, label = _gguf_and_label(name)
     try:
         if gguf is not None:
             target = _converted_path(gguf)
@@ -433,27 +462,7 @@ def load_model(
             )
             source = f"dir:{Path(name).name}"
         else:
-            if not _HUB_ID.fullmatch(name):
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
-                    "a valid Hugging Face id (owner/name); leave it empty for the offline default."
-                )
-            if not _hub_reachable():
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
-                    "the Hugging Face hub is not reachable from here; download it elsewhere and "
-                    "pass its local directory, or leave the name empty for the offline default."
-                )
-            try:
-                model, tok = _load_dir(name, dev, dt, trust_remote_code, label=name)
-            except ModelLoadError:
-                raise
-            except Exception as exc:  # hub ids fail offline in many different ways
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory or .gguf file, "
-                    f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
-                    "local model directory, a .gguf path, or no name for the offline default."
-                ) from None
+            model, tok = _load_hub(name, dev, dt, trust_remote_code)
             source = f"hub:{name}"
     except ModelLoadError:
         raise
