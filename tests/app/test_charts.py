@@ -8,7 +8,7 @@ import pytest
 
 from semviz import charts
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.replay import replay
 
 
