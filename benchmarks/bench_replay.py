@@ -16,7 +16,7 @@ import time
 
 from semviz import load_model
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.replay import replay
 
 

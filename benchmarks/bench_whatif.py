@@ -19,7 +19,7 @@ import time
 import semviz
 from semviz import charts
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.replay import replay
 
 

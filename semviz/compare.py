@@ -1,6 +1,6 @@
 """A/B comparison: two (or more) settings on the same prompt and seed, one step axis.
 
-Each side is a :class:`Side`: a label and a :class:`~semviz.pruning.PruneParams`. Sides are
+Each side is a :class:`Side`: a label and a :class:`~semviz.sampling.PruneParams`. Sides are
 written as short specs so the CLI, the app and the docs share one syntax::
 
     "story"                          a preset (code, story, qa, brainstorm)
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from semviz.metrics import METRIC_INFO, RunMetrics, run_metrics
 from semviz.presets import PRESETS
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.trace import StepRecord, Trace
 
 __all__ = [

@@ -44,7 +44,7 @@ def add_prune_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
     import typing
 
-    from semviz.pruning import PruneParams
+    from semviz.sampling import PruneParams
 
     g = p.add_argument_group("pruning (defaults: plain sampling, or the preset's values)")
     g.add_argument("--preset", default=None, help="scenario preset: code, story, qa, brainstorm")
@@ -95,7 +95,7 @@ def params_from_args(args: argparse.Namespace, base=None):
     """``PruneParams`` from ``--preset`` (or ``base``) overridden by any flags given."""
     import dataclasses
 
-    from semviz.pruning import PruneParams
+    from semviz.sampling import PruneParams
 
     params = base if base is not None else PruneParams()
     if getattr(args, "preset", None):

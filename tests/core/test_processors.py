@@ -139,7 +139,7 @@ def test_attention_and_hidden_gravity_in_generate(tiny_llama):
 def test_gravity_processor_matches_core(tiny_llama):
     """The processor's adjusted scores equal log P + λ·Ĝ from the core gravity."""
     from semviz.gravity import gravity_for_step
-    from semviz.pruning import PruneParams
+    from semviz.sampling import PruneParams
 
     ids = torch.tensor([[5, 6, 7, 7]])
     scores = torch.randn(1, 256)
