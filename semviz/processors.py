@@ -358,6 +358,7 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
         self,
         mode: str = "target",
         temperature: float = 1.0,
+        *,
         target_entropy: float = 2.0,
         controller_gain: float = 0.1,
         controller_sign: int = -1,

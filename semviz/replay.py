@@ -14,8 +14,18 @@ the recorded gravity is used and the result says so in ``note``.
 
 Examples
 --------
->>> r = replay(Trace.load("trace.json"), PruneParams(temperature=0.7))  # doctest: +SKIP
->>> r.first_diff, [res.n_kept for res in r.results][:5]  # doctest: +SKIP
+``lm`` is a loaded model (``semviz.load_model()``); a trace can also come from
+``Trace.load("trace.json")``.
+
+>>> from semviz import DecodeSettings, Decoder, PruneParams
+>>> dec = Decoder(lm, "The sea", PruneParams(), DecodeSettings(max_new_tokens=6, seed=0))
+>>> _ = dec.run(6)
+>>> same = replay(dec.trace, PruneParams())  # the recorded settings: every pick agrees
+>>> same.first_diff is None and same.token_ids == dec.trace.token_ids
+True
+>>> cut = replay(dec.trace, PruneParams(top_k=1))  # what greedy would have kept
+>>> [res.n_kept for res in cut.results]
+[1, 1, 1, 1, 1, 1]
 """
 
 from __future__ import annotations

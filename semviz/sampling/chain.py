@@ -200,40 +200,39 @@ def prune(
         kept, p_temp, t, mu = _greedy(w), None, 0.0, None
     else:
         kept, p_temp, t, mu = _sample_chain(w, eff, t, state)
-    kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
-    if greedy:
-        final = kept.float()
-        p_temp = final.clone()
-        arg = int(kept_idx[0])
-        h_sampled, f = 0.0, float(-w.s[arg])
-    else:
-        final = _renormalise(w.s, t, kept_idx)  # (K,)
-        arg = int(kept_idx[final[kept_idx].max(0).indices])  # first maximal index
-        h_sampled = float(entropy_stats(torch.log(final[kept_idx]))[0])  # kept: often few
-        f = float(-t * torch.logsumexp(w.s[kept_idx] / t, -1))
+    final, arg, h_sampled, f, n_kept = _final(w.s, t, kept, greedy=greedy)
+    p_temp = final.clone() if greedy else p_temp
     return PruneResult(
         index_probs={"raw": w.p_raw, "gravity": w.p_grav, "temperature": p_temp, "final": final},
-        kept=kept,
-        waterfall=w.waterfall,
-        entropy_raw=float(w.h_raw),
-        varentropy_raw=float(w.v_raw),
-        entropy_sampled=h_sampled,
-        temperature=float(t),
-        free_energy=f,
-        n_kept=kept_idx.numel(),
-        fallback=reason,
-        gravity=g if eff.gravity_lambda != 0.0 else None,
-        greedy=greedy,
-        scores=w.s,
-        argmax=arg,
-        params=eff,
-        tail_mass=w.tail_mass,
-        gravity_dominance=dominance,
-        mirostat_mu=mu,
-        mirostat_tau=eff.mirostat_tau,
-        mirostat_eta=eff.mirostat_eta,
+        kept=kept, waterfall=w.waterfall, entropy_raw=float(w.h_raw),
+        varentropy_raw=float(w.v_raw), entropy_sampled=h_sampled, temperature=float(t),
+        free_energy=f, n_kept=n_kept, fallback=reason,
+        gravity=g if eff.gravity_lambda != 0.0 else None, greedy=greedy, scores=w.s,
+        argmax=arg, params=eff, tail_mass=w.tail_mass, gravity_dominance=dominance,
+        mirostat_mu=mu, mirostat_tau=eff.mirostat_tau, mirostat_eta=eff.mirostat_eta,
         state=state,
-    )
+    )  # fmt: skip
+
+
+def _final(
+    s: Tensor, t: float, kept: Tensor, *, greedy: bool
+) -> tuple[Tensor, int, float, float, int]:
+    """The distribution sampled from, softmax(s/T) over ``kept`` (K,), its argmax (lowest
+    index on ties), entropy and free energy, and the kept count."""
+    kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
+    if greedy:
+        arg = int(kept_idx[0])
+        return kept.float(), arg, 0.0, float(-s[arg]), 1
+    if kept_idx.numel() == s.shape[0]:
+        final = torch.softmax(s / t, -1)  # (K,)
+    else:
+        z = torch.full(s.shape, NEG_INF)
+        z[kept_idx] = s[kept_idx] / t  # the same values as masking s/t: the same softmax
+        final = torch.softmax(z, -1)  # (K,)
+    arg = int(kept_idx[final[kept_idx].max(0).indices])  # first maximal index
+    h = float(entropy_stats(torch.log(final[kept_idx]))[0])  # over the kept: often few
+    f = float(-t * torch.logsumexp(s[kept_idx] / t, -1))
+    return final, arg, h, f, kept_idx.numel()
 
 
 def _raw(x: Tensor, tail_logsumexp: float | Tensor | None) -> _Work:
@@ -346,15 +345,6 @@ def _sample_chain(
         w.waterfall.append(_stage("mirostat", torch.softmax(src, -1), cur, after))
         cur = after
     return cur, p_temp, t, mu
-
-
-def _renormalise(s: Tensor, t: float, kept_idx: Tensor) -> Tensor:
-    """softmax of ``s/t`` (K,) over ``kept_idx``, zero elsewhere."""
-    if kept_idx.numel() == s.shape[0]:
-        return torch.softmax(s / t, -1)  # (K,)
-    z = torch.full(s.shape, NEG_INF)
-    z[kept_idx] = s[kept_idx] / t  # the same values as masking s/t: the same softmax
-    return torch.softmax(z, -1)  # (K,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,7 +579,7 @@ def choose(
     --------
     >>> import torch
     >>> r = prune(torch.log(torch.tensor([0.2, 0.5, 0.3])), PruneParams())
-    >>> [choose(r, u) for u in (0.0, 0.49, 0.5, 0.79, 0.8)]  # CDF over 0.5, 0.3, 0.2
+    >>> [choose(r, u) for u in (0.0, 0.49, 0.51, 0.79, 0.81)]  # CDF over 0.5, 0.3, 0.2
     [1, 1, 2, 2, 0]
     """
     if not 0.0 <= u < 1.0:

@@ -7,6 +7,15 @@ the chain uses on long vocabularies. The chain (:func:`semviz.sampling.prune`), 
 processors, the chain chart and the app loop over ``FILTERS``; a new filter is one class
 here (or anywhere, passed to :func:`register`) and its tests.
 
+A filter reads scores, never token ids: the what-if replay runs the chain over a step's
+recorded top-K candidates, so position ``i`` of the input is the i-th candidate there, not
+token ``i``. Adding one: subclass :class:`Filter` (``name``, ``label``, ``active``,
+``describe``, ``mask``; a ``head_keep`` if it keeps an upper set of its input, so long
+vocabularies stay on the fast path), add its setting to ``PruneParams`` with
+:func:`~semviz.sampling.params.setting`, and list it in ``FILTERS`` (or :func:`register`
+it). The chain, replay, the chain chart, the app's warnings and
+``semviz.processors.FilterLogitsWarper`` pick it up from there.
+
 The module-level mask functions (``top_k_mask`` …) are the filters' full-length rules as
 plain functions of a batch of logits.
 
@@ -321,7 +330,7 @@ class Filter:
 
     name: ClassVar[str]
     label: ClassVar[str]
-    field: ClassVar[str]
+    field: ClassVar[str] = ""
     has_head_rule: ClassVar[bool] = False
 
     def active(self, p: PruneParams) -> bool:
@@ -330,7 +339,7 @@ class Filter:
 
     def describe(self, p: PruneParams) -> str:
         """One line for the chain chart."""
-        return f"{self.field} = {getattr(p, self.field)}"
+        return f"{self.field} = {getattr(p, self.field)}" if self.field else self.label
 
     def mask(
         self,

@@ -38,10 +38,13 @@ import dataclasses
 import difflib
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from semviz.sampling.chain import PruneResult
 
 __all__ = [
     "FieldSpec",
@@ -151,7 +154,7 @@ class FieldSpec:
             if text not in self.choices:
                 close = difflib.get_close_matches(text, [str(c) for c in self.choices], n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                raise ValueError(f"expected {self.range_text()}, got {text!r}{hint}")
+                raise ValueError(f"expected {self.range_text()}{hint}")
             return text
         if k == "int":
             return _parse_int(raw)
@@ -225,7 +228,7 @@ def parse_bool(raw: Any) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ValueError(f"expected on or off, got {raw!r}")
+    raise ValueError("expected on or off")
 
 
 def _parse_int(raw: Any) -> int:
@@ -244,18 +247,18 @@ def _parse_int(raw: Any) -> int:
         v = math.nan
     if math.isfinite(v) and v.is_integer():
         return int(v)
-    raise ValueError(f"expected an integer, got {raw!r}")
+    raise ValueError("expected an integer")
 
 
 def _parse_float(raw: Any) -> float:
     if isinstance(raw, bool):
-        raise ValueError(f"expected a number, got {raw!r}")
+        raise ValueError("expected a number")
     try:
         v = float(raw.strip() if isinstance(raw, str) else raw)
     except (TypeError, ValueError):
-        raise ValueError(f"expected a number, got {raw!r}") from None
+        raise ValueError("expected a number") from None
     if not math.isfinite(v):
-        raise ValueError(f"expected a finite number, got {raw!r}")
+        raise ValueError("expected a finite number")
     return v
 
 
@@ -271,7 +274,7 @@ def _parse_indices(raw: Any) -> tuple[int, ...] | None:
     try:
         return tuple(int(p) for p in parts)
     except ValueError:
-        raise ValueError(f"expected integers separated by '/' or ',', got {raw!r}") from None
+        raise ValueError("expected integers separated by '/' or ','") from None
 
 
 def parse_scalar(raw: str) -> Any:
@@ -313,7 +316,7 @@ def parse_value(
         fixed = spec.clamp(value, app=app)
         if fixed is not None and fixed != value:
             widget = app and isinstance(spec.app, tuple)
-            where = f"is past the slider's range {_app_range(spec)}" if widget else why
+            where = f"is outside the app's range {_app_range(spec)}" if widget else why
             return fixed, f"{name}={raw} {where}; using {fixed}."
     if why is not None:
         raise ValueError(f"{name}={raw!r}: {why}")
@@ -601,7 +604,7 @@ class SamplerState:
             steps=self.steps,
         )
 
-    def observe(self, result: Any, index: int, token_id: int | None = None) -> None:
+    def observe(self, result: PruneResult, index: int, token_id: int | None = None) -> None:
         """Advance the state with the token chosen at this step.
 
         Parameters

@@ -48,8 +48,9 @@ def entropy_parts(x: Tensor, dim: int = -1) -> tuple[Tensor, Tensor, Tensor, Ten
     """``(H, varentropy, log p, p)`` of ``softmax(x)``: one normaliser, shared by the callers."""
     logp = torch.log_softmax(x, dim=dim)  # (..., V)
     p = logp.exp()
-    # a masked token gives 0·(-inf) = NaN: nansum drops exactly those terms
-    h = -(p * logp).nansum(dim)  # (...)
+    # a masked token gives 0·(-inf) = NaN: nansum drops exactly those terms; 0 - x rather
+    # than -x, so a single candidate has entropy 0.0, not -0.0
+    h = 0.0 - (p * logp).nansum(dim)  # (...)
     var = (p * (logp + h.unsqueeze(dim)).square()).nansum(dim)  # centred: no cancellation
     return h.clamp_min(0.0), var.clamp_min(0.0), logp, p
 
