@@ -23,8 +23,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
 from semviz.presets import PRESETS
-from semviz.sampling import FieldSpec, PruneParams, parse_value, setting
-from semviz.sampling.params import SPECS
+from semviz.sampling import SPECS, FieldSpec, PruneParams, parse_value, setting
 
 KEY_PREFIX = "s_"
 DEFAULT_PROMPT = "Write one sentence about the sea."

@@ -56,6 +56,7 @@ from semviz.sampling.filters import (
     unregister,
 )
 from semviz.sampling.params import (
+    SPECS,
     FieldSpec,
     PruneParams,
     SamplerState,
@@ -74,6 +75,7 @@ from semviz.sampling.thermo import LN2, adaptive_temperature, entropy_stats, fre
 __all__ = [
     "FILTERS",
     "LN2",
+    "SPECS",
     "T_GREEDY",
     "FieldSpec",
     "Filter",

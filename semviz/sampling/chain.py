@@ -197,11 +197,14 @@ def prune(
         t = math.nan  # llama.cpp dynatemp: decided on the survivors
     greedy = eff.temperature == 0.0 or t < T_GREEDY  # NaN compares False
     if greedy:
-        kept, p_temp, t, mu = _greedy(w), None, 0.0, None
+        arg = _greedy(w)
+        kept = torch.zeros(w.K, dtype=torch.bool)
+        kept[arg] = True
+        final, p_temp, t, mu = kept.float(), kept.float(), 0.0, None
+        h_sampled, f, n_kept = 0.0, float(-w.s[arg]), 1
     else:
         kept, p_temp, t, mu = _sample_chain(w, eff, t, state)
-    final, arg, h_sampled, f, n_kept = _final(w.s, t, kept, greedy=greedy)
-    p_temp = final.clone() if greedy else p_temp
+        final, arg, h_sampled, f, n_kept = _final(w.s, t, kept)
     return PruneResult(
         index_probs={"raw": w.p_raw, "gravity": w.p_grav, "temperature": p_temp, "final": final},
         kept=kept, waterfall=w.waterfall, entropy_raw=float(w.h_raw),
@@ -214,15 +217,10 @@ def prune(
     )  # fmt: skip
 
 
-def _final(
-    s: Tensor, t: float, kept: Tensor, *, greedy: bool
-) -> tuple[Tensor, int, float, float, int]:
+def _final(s: Tensor, t: float, kept: Tensor) -> tuple[Tensor, int, float, float, int]:
     """The distribution sampled from, softmax(s/T) over ``kept`` (K,), its argmax (lowest
     index on ties), entropy and free energy, and the kept count."""
     kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
-    if greedy:
-        arg = int(kept_idx[0])
-        return kept.float(), arg, 0.0, float(-s[arg]), 1
     if kept_idx.numel() == s.shape[0]:
         final = torch.softmax(s / t, -1)  # (K,)
     else:
@@ -296,15 +294,13 @@ def _gravity(w: _Work, eff: PruneParams, g: Tensor | None, *, tail: bool) -> Non
         w.p_grav = torch.softmax(w.s, -1)  # (K,)
 
 
-def _greedy(w: _Work) -> Tensor:
-    """The argmax (lowest index on ties) as the kept set (K,); records the stage."""
+def _greedy(w: _Work) -> int:
+    """The argmax of the scores (lowest index on ties); records the stage."""
     arg = int(w.s.max(0).indices)  # first maximal index
-    kept = torch.zeros(w.K, dtype=torch.bool)
-    kept[arg] = True
     m_in = float(w.p_grav.sum()) if w.dense else _mass(w.p_grav, w.alive)
     removed = m_in - float(w.p_grav[arg])
     w.waterfall.append(Stage("greedy", 1, removed / m_in if m_in > 0 else 0.0))
-    return kept
+    return arg
 
 
 def _sample_chain(

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from semviz.sampling.chain import PruneResult
 
 __all__ = [
+    "SPECS",
     "FieldSpec",
     "PruneParams",
     "SamplerState",
@@ -69,8 +70,8 @@ _FALSE = ("0", "off", "false", "no")
 class FieldSpec:
     """What one setting accepts and how the app shows it.
 
-    ``kind`` is ``"bool"``, ``"int"``, ``"float"``, ``"choice"`` or ``"indices"`` (None or a
-    tuple of non-negative ints). ``lo``/``hi`` bound numbers (``lo_open``/``hi_open`` for
+    ``kind`` is ``"bool"``, ``"int"``, ``"float"``, ``"choice"``, ``"indices"`` (None or a
+    tuple of non-negative ints) or ``"str"``. ``lo``/``hi`` bound numbers (``lo_open``/``hi_open`` for
     strict bounds); ``note`` follows the range in error messages ("0 means off").
     ``app`` is ``(lo, hi, step)`` for a slider or number box, ``True`` for a toggle or a
     select box, ``False`` for a field the sidebar does not show; ``app_default`` replaces
@@ -128,12 +129,13 @@ class FieldSpec:
             return "must be a number"
         if not math.isfinite(value):
             return "must be finite"
-        if not self._in_range(value, self.lo, self.hi):
+        if not self._in_range(value):
             note = f" ({self.note})" if self.note else ""
             return f"must be {self.range_text()}{note}"
         return None
 
-    def _in_range(self, v: float, lo: float | None, hi: float | None) -> bool:
+    def _in_range(self, v: float) -> bool:
+        lo, hi = self.lo, self.hi
         if lo is not None and (v <= lo if self.lo_open else v < lo):
             return False
         return hi is None or (v < hi if self.hi_open else v <= hi)
