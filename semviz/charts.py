@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from semviz.pruning import PruneParams, PruneResult
+from semviz.sampling import PruneParams, PruneResult, active_filters
 from semviz.trace import StepRecord, Trace
 
 TOP = 30
@@ -802,21 +802,7 @@ def chain_stages(params: PruneParams) -> list[tuple[str, str]]:
     }[p.adaptive]
     if p.temperature == 0.0:
         temp = "greedy (argmax)"
-    filters = []
-    if p.top_k > 0:
-        filters.append(("top-k", f"keep the {p.top_k} most probable"))
-    if p.top_p < 1.0:
-        filters.append(("top-p", f"smallest set with mass ≥ {p.top_p:g}"))
-    if p.min_p > 0.0:
-        filters.append(("min-p", f"p ≥ {p.min_p:g}·p_max"))
-    if p.typical_p < 1.0:
-        filters.append(("typical", f"closest to H, mass {p.typical_p:g}"))
-    if p.epsilon > 0.0:
-        filters.append(("epsilon", f"p ≥ {p.epsilon:g}"))
-    if p.eta > 0.0:
-        filters.append(("eta", f"η = {p.eta:g}"))
-    if p.free_energy:
-        filters.append(("free energy", f"U − U_min ≤ {p.free_energy_kappa:g}·T·H"))
+    filters = [(f.label, f.describe(p)) for f in active_filters(p)]
     if p.temperature == 0.0:
         out.append(("greedy", temp))
     elif p.order == "hf":

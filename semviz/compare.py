@@ -1,6 +1,6 @@
 """A/B comparison: two (or more) settings on the same prompt and seed, one step axis.
 
-Each side is a :class:`Side`: a label and a :class:`~semviz.pruning.PruneParams`. Sides are
+Each side is a :class:`Side`: a label and a :class:`~semviz.sampling.PruneParams`. Sides are
 written as short specs so the CLI, the app and the docs share one syntax::
 
     "story"                          a preset (code, story, qa, brainstorm)
@@ -28,17 +28,15 @@ Examples
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import html
 import math
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from semviz.metrics import METRIC_INFO, RunMetrics, run_metrics
 from semviz.presets import PRESETS
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams, parse_field
 from semviz.trace import StepRecord, Trace
 
 __all__ = [
@@ -69,29 +67,6 @@ class Side:
         return {k: v for k, v in self.params.to_dict().items() if base[k] != v}
 
 
-def _parse_value(name: str, raw: str):
-    hints = typing.get_type_hints(PruneParams)
-    hint = hints[name]
-    raw = raw.strip()
-    if hint is bool:
-        low = raw.lower()
-        if low in ("1", "on", "true", "yes"):
-            return True
-        if low in ("0", "off", "false", "no"):
-            return False
-        raise ValueError(f"{name}: expected on or off, got {raw!r}")
-    if hint is int:
-        return int(raw)
-    if hint is float:
-        return float(raw)
-    if typing.get_origin(hint) is typing.Literal:
-        return raw
-    # tuple[int, ...] | None
-    if raw.lower() in ("", "all", "none"):
-        return None
-    return tuple(int(x) for x in raw.replace(" ", "/").split("/") if x)
-
-
 def parse_side(spec: str, label: str | None = None) -> Side:
     """A :class:`Side` from a spec (see the module docstring); ``ValueError`` names the part.
 
@@ -102,7 +77,6 @@ def parse_side(spec: str, label: str | None = None) -> Side:
     """
     if spec is None or not spec.strip():
         raise ValueError("a side is empty: give a preset name or key=value settings")
-    names = {f.name for f in dataclasses.fields(PruneParams)}
     params = PruneParams()
     changes: dict = {}
     for i, part in enumerate(p.strip() for p in spec.split(",")):
@@ -127,14 +101,7 @@ def parse_side(spec: str, label: str | None = None) -> Side:
                 raise ValueError(f"preset={raw!r}: give a known preset as the first part")
             params = PRESETS[raw].params
             continue
-        if key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ValueError(f"{key!r} is not a pruning setting{hint}")
-        try:
-            changes[key] = _parse_value(key, raw)
-        except ValueError as exc:
-            raise ValueError(f"{key}={raw!r}: {exc}") from None
+        changes[key], _ = parse_field(key, raw)  # ValueError names the key, with a hint
     params = params.replace(**changes) if changes else params  # validates, naming the field
     return Side(label=label or spec.strip(), params=params)
 

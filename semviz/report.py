@@ -40,7 +40,7 @@ import numpy as np
 
 from semviz import charts
 from semviz.metrics import METRIC_INFO, run_metrics
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.trace import Trace
 
 __all__ = [

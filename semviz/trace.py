@@ -139,10 +139,6 @@ class StepRecord:
         return self.cand_ids[:TOP]
 
     @property
-    def top_logits(self) -> torch.Tensor:
-        return self.cand_logits[:TOP]
-
-    @property
     def top_probs(self) -> torch.Tensor:
         """(TOP,) raw probabilities of the top candidates."""
         return torch.exp(self.cand_logits[:TOP].double() - self.lse).float()

@@ -7,7 +7,7 @@ import math
 
 import streamlit as st
 
-from semviz import pruning
+from semviz.sampling import active_filters
 from ui.page import PageContext
 
 MAX_TOKENS_SHOWN = 1500
@@ -85,23 +85,17 @@ def token_strip(ctx: PageContext, color_by: str = "probability") -> None:
 def filters_disjoint(res) -> bool:
     """True when the active filters, each on its own, keep sets with nothing in common.
 
-    The core then tops the kept set up with the most probable token; this asks the same
-    core mask functions what each filter alone would keep.
+    The core then tops the kept set up with the most probable token; this asks each
+    registered filter (``FILTERS``) what it alone would keep.
     """
     p = res.params
     if res.greedy or p.combine != "intersection":
         return False
     x = res.scores / res.temperature if p.order == "hf" else res.scores
-    x = x.unsqueeze(0)  # (1, K)
-    masks = []
-    if p.top_k > 0:
-        masks.append(pruning.top_k_mask(x, p.top_k, 1, p.tie_rule))
-    if p.top_p < 1.0:
-        masks.append(pruning.top_p_mask(x, p.top_p, 1, p.tie_rule))
-    if p.min_p > 0.0:
-        masks.append(pruning.min_p_mask(x, p.min_p, 1, p.tie_rule))
-    if p.typical_p < 1.0:
-        masks.append(pruning.typical_mask(x, p.typical_p, 1, p.tie_rule))
+    one = p.replace(min_tokens_to_keep=1)
+    masks = [
+        f.mask(x, one, scores=res.scores, temperature=res.temperature)[0] for f in active_filters(p)
+    ]
     if len(masks) < 2:
         return False
     inter = masks[0]

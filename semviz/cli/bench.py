@@ -68,7 +68,7 @@ def _time_generate(lm, ids, n: int) -> float:
 
 def _time_decoder(lm, ids, n: int, capture: bool = True) -> float:
     from semviz.decoding import Decoder, DecodeSettings
-    from semviz.pruning import PruneParams
+    from semviz.sampling import PruneParams
 
     t0 = time.perf_counter()
     dec = Decoder(
@@ -129,7 +129,7 @@ _MEM_CHILD = r"""
 import json, sys, torch
 from semviz.model import load_model
 from semviz.decoding import DecodeSettings, Decoder
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 mode, n, name = sys.argv[1], int(sys.argv[2]), (sys.argv[3] or None)
 lm = load_model(name, device="cpu")
 ids = (lm.tokenizer(sys.argv[4]).input_ids * 64)[:n]

@@ -69,23 +69,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _value(text: str):
-    low = text.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_policy_args(items: list[str]) -> dict[str, dict]:
     """``["gravity.beta=1", "h2o.recent=0.25"]`` → ``{"gravity": {"beta": 1}, ...}``."""
     from semviz.cli import UserError
+    from semviz.sampling.params import parse_scalar
 
     out: dict[str, dict] = {}
     for item in items:
@@ -93,7 +80,7 @@ def parse_policy_args(items: list[str]) -> dict[str, dict]:
         name, dot, attr = key.partition(".")
         if not sep or not dot or not name or not attr:
             raise UserError(f"--policy-arg must look like POLICY.KEY=VALUE, got {item!r}")
-        out.setdefault(name.strip(), {})[attr.strip()] = _value(val.strip())
+        out.setdefault(name.strip(), {})[attr.strip()] = parse_scalar(val)
     return out
 
 

@@ -26,8 +26,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from semviz.model import DEFAULT_MODEL
-    from semviz.pruning import PruneParams
     from semviz.replay import _needs_new_gravity, replay
+    from semviz.sampling import PruneParams
     from semviz.trace import Trace
 
     trace = Trace.load(args.trace)

@@ -8,8 +8,8 @@ import pytest
 
 from semviz import charts
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
 from semviz.replay import replay
+from semviz.sampling import PruneParams
 
 
 @pytest.fixture(scope="module")

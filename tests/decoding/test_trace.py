@@ -7,7 +7,7 @@ import json
 import pytest
 
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.trace import FORMAT_VERSION, Trace, TraceError
 
 

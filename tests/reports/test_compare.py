@@ -21,7 +21,7 @@ from semviz.compare import (
 )
 from semviz.decoding import Decoder, DecodeSettings
 from semviz.presets import PRESETS
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 PROMPT = "The sea was calm and"
 
