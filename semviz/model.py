@@ -72,6 +72,12 @@ class LoadedModel:
     def is_chat(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    def check_params(self, params) -> None:
+        """Raise ``ValueError`` naming the field if ``params`` index layers or heads this model
+        does not have (``gravity_layers``, ``gravity_heads``)."""
+        c = self.model.config
+        check_params_shape(params, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads)
+
     def summary(self) -> dict:
         """Config facts that traces and the pipeline page show."""
         c = self.model.config
@@ -91,6 +97,30 @@ class LoadedModel:
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
         }
+
+
+def check_params_shape(params, *, num_layers: int, num_heads: int) -> None:
+    """Raise ``ValueError`` naming the field if ``params.gravity_layers`` or
+    ``params.gravity_heads`` hold an index outside ``[0, num_layers)`` or ``[0, num_heads)``.
+
+    >>> from semviz.pruning import PruneParams
+    >>> check_params_shape(PruneParams(gravity_layers=(0, 29)), num_layers=30, num_heads=9)
+    >>> check_params_shape(PruneParams(gravity_heads=(9,)), num_layers=30, num_heads=9)
+    Traceback (most recent call last):
+    ...
+    ValueError: gravity_heads=(9,): head 9 does not exist; the model has 9 heads (0–8)
+    """
+    for name, n, what in (
+        ("gravity_layers", num_layers, "layer"),
+        ("gravity_heads", num_heads, "head"),
+    ):
+        idx = getattr(params, name, None)
+        for i in idx or ():
+            if not 0 <= i < n:
+                raise ValueError(
+                    f"{name}={tuple(idx)}: {what} {i} does not exist; "
+                    f"the model has {n} {what}s (0–{n - 1})"
+                )
 
 
 def cache_dir() -> Path:

@@ -27,6 +27,7 @@ import torch
 
 from semviz import gravity as grav
 from semviz import pruning
+from semviz.model import check_params_shape
 from semviz.pruning import PruneParams, PruneResult
 from semviz.trace import Trace
 
@@ -225,6 +226,9 @@ def compute(
     t0 = time.perf_counter()
     note = None
     gravities = None
+    if model is not None:  # recomputed gravity indexes the attention by these layers and heads
+        c = model.config
+        check_params_shape(params, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads)
     if _needs_new_gravity(trace, params):
         if model is None:
             note = (
