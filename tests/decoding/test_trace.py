@@ -226,3 +226,22 @@ def test_save_is_atomic_and_leaves_no_temp_file(trace, tmp_path):
         "u.json",
     ]
 
+
+def test_markup_in_a_trace_is_shown_as_text(trace):
+    from unittest import mock
+
+    from semviz import charts, escape, report
+
+    t = Trace.from_json(trace.to_json())
+    t.steps[-1].token_text = "<b>bold</b>"
+    t.model["name"] = "![x](http://example.invalid/x.png) <img src=x>"
+    with mock.patch("plotly.offline.get_plotlyjs", return_value=""):
+        page = report.report_html(t, [])
+    assert "<b>bold</b>" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert "<img src=x>" not in page and "&lt;img src=x&gt;" in page
+    fig = charts.distribution_figure(["<b>bold</b>", "a&b"], {"raw": np.array([0.6, 0.4])})
+    assert fig.data[0].x == ("1. &lt;b&gt;bold&lt;/b&gt;", "2. a&amp;b")
+    hover = charts.entropy_figure(charts.step_frame(t), PruneParams()).data[0].customdata
+    assert hover[-1] == ["&lt;b&gt;bold&lt;/b&gt;"]
+    shown = escape.markdown(t.model["name"])
+    assert shown.startswith(r"\!\[x\]\(http\:\/\/") and "<" not in shown.replace(r"\<", "")
