@@ -18,14 +18,64 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
 
+def hide_progress(args: argparse.Namespace) -> bool:
+    """True (and transformers' weight-loading bars off) with ``--json`` or when stderr is not
+    a terminal, so a log holds results and errors, not progress."""
+    quiet = getattr(args, "json", False) or not sys.stderr.isatty()
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return quiet
+
+
 def load(args: argparse.Namespace):
+    """The model named by ``--model``; progress on stderr only for a person at a terminal."""
     from semviz.model import load_model
 
+    quiet = hide_progress(args)
+
     def progress(msg: str, frac: float) -> None:
-        if not getattr(args, "json", False):
+        if not quiet:
             print(f"[{frac:4.0%}] {msg}", file=sys.stderr)
 
     return load_model(args.model, device=args.device, dtype=args.dtype, progress=progress)
+
+
+INT32 = 2**31 - 1
+
+
+def int_arg(lo: int, hi: int = INT32):
+    """An argparse ``type=``: an integer in ``[lo, hi]``, else one line naming the flag."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi}, got {s}")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def text_arg(s: str) -> str:
+    """An argparse ``type=`` for free text: refuses bytes that are not UTF-8 (Python passes
+    them on as lone surrogates, which no tokenizer takes)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+    return s
+
+
+SEED = int_arg(0, 2**63 - 1)
+
+
+def add_force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace existing output files")
 
 
 def print_json(obj: Any) -> None:
@@ -56,8 +106,9 @@ def add_prune_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=_parse_bool, default=None, metavar="{on,off}")
         elif hint in (int, float):
             g.add_argument(
-                flag, dest=f.name, type=hint, default=None, metavar=hint.__name__.upper()
-            )
+                flag, dest=f.name, type=_flag_type(hint), default=None,
+                metavar=hint.__name__.upper(),
+            )  # fmt: skip
         elif typing.get_origin(hint) is typing.Literal:
             g.add_argument(flag, dest=f.name, choices=typing.get_args(hint), default=None)
         else:  # tuples of ints such as gravity_layers
@@ -74,6 +125,12 @@ def add_chat_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _flag_type(hint: type):
+    """Integers bounded to int32, so a huge value is refused here, naming its flag, rather
+    than overflowing inside torch; floats are checked by ``PruneParams``' own validation."""
+    return int_arg(-INT32 - 1) if hint is int else float
+
+
 def _parse_bool(s: str) -> bool:
     if s.lower() in ("1", "on", "true", "yes"):
         return True
@@ -86,9 +143,12 @@ def _parse_ints(s: str) -> tuple[int, ...] | None:
     if s.lower() in ("", "all", "none"):
         return None
     try:
-        return tuple(int(x) for x in s.split(","))
+        v = tuple(int(x) for x in s.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if any(abs(i) > INT32 for i in v):
+        raise argparse.ArgumentTypeError(f"an index is out of range in {s!r}")
+    return v
 
 
 def params_from_args(args: argparse.Namespace, base=None):
@@ -98,7 +158,7 @@ def params_from_args(args: argparse.Namespace, base=None):
     from semviz.pruning import PruneParams
 
     params = base if base is not None else PruneParams()
-    if getattr(args, "preset", None):
+    if getattr(args, "preset", None) is not None:
         from semviz.presets import PRESETS
 
         if args.preset not in PRESETS:
