@@ -38,7 +38,7 @@ from semviz import files
 FORMAT = "semviz-trace"
 FORMAT_VERSION = 1
 TOP = 64
-MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~20 MiB
+MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB
 MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
 ID_LIMIT = 2**31  # ids and positions are stored as int32
 
@@ -266,17 +266,16 @@ def _tensor(
         want = "(" + ", ".join("·" if n is None else str(n) for n in shape)
         want += ",)" if len(shape) == 1 else ")"
         raise _bad(where, f"expected shape {want}, got {tuple(v.shape)}")
-    if v.is_floating_point() and bool(torch.isnan(v).any()):
-        raise _bad(where, "holds NaN")
     return v
 
 
 def _in_range(t: torch.Tensor, where: str, lo: float, hi: float, what: str = "values") -> None:
+    """Every value in [lo, hi]; NaN fails too (it propagates through the min and max)."""
     if t.numel() == 0:
         return
-    mn, mx = torch.aminmax(t.float() if t.dtype == torch.float16 else t)
-    if mn < lo or mx > hi:
-        bad = (mn if mn < lo else mx).item()
+    mn, mx = (x.item() for x in torch.aminmax(t.float() if t.dtype == torch.float16 else t))
+    if not (mn >= lo and mx <= hi):
+        bad = mx if math.isnan(mx) or mn >= lo else mn
         raise _bad(where, f"{what} must be in [{lo:g}, {hi:g}], found {bad!r}")
 
 
@@ -425,8 +424,8 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     if torch.unique(ids).numel() != k:
         raise _bad(f"{w}.cand_ids", "holds the same id twice")
     logits = _tensor(rec.cand_logits, f"{w}.cand_logits", torch.float32, (k,))
-    if bool((logits == math.inf).any()):
-        raise _bad(f"{w}.cand_logits", "holds +inf")
+    if not bool((logits < math.inf).all()):  # NaN and +inf fail; -inf is a masked token
+        raise _bad(f"{w}.cand_logits", "holds NaN or +inf")
     if k > 1 and bool((logits[:-1] < logits[1:]).any()):
         raise _bad(f"{w}.cand_logits", "must be sorted descending, as the candidates are")
     rank = _int(rec.chosen_rank, f"{w}.chosen_rank", -1, k - 1)
@@ -451,7 +450,7 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     if rec.gravity is not None:
         g = _tensor(rec.gravity, f"{w}.gravity", torch.float32, (k,))
         if not bool(torch.isfinite(g).all()):
-            raise _bad(f"{w}.gravity", "holds inf")
+            raise _bad(f"{w}.gravity", "holds NaN or inf")
     _opt_str(rec.fallback, f"{w}.fallback")
     if rec.eviction is not None:
         _check_eviction(rec.eviction, f"{w}.eviction")

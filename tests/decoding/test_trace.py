@@ -160,7 +160,7 @@ def _tensor(values, dtype: str) -> dict:
         ("settings.params.gravity_layers", [5], r"^settings\.params: gravity_layers=\(5,\): layer 5 does not exist; the model has 2 layers"),
         ("settings.seed", 2**70, r"^settings\.seed: \d+ is out of range"),
         ("steps.1.waterfall.0.name", 3, r"^steps\[1\]\.waterfall\[0\]\.name: expected a string"),
-        ("steps.1.stage_probs.final", "nan", r"^steps\[1\]\.stage_probs\.final: holds NaN"),
+        ("steps.1.stage_probs.final", "nan", r"^steps\[1\]\.stage_probs\.final: probabilities must be in \[0, 1\], found nan"),
     ],
 )  # fmt: skip
 def test_a_bad_field_is_named_in_one_sentence(trace, path, value, message):
