@@ -135,8 +135,6 @@ def run(args: argparse.Namespace) -> int:
         kw.setdefault("streaming", {})["rerotate"] = True
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise UserError("--threads must be at least 1")
         import torch
 
         torch.set_num_threads(args.threads)
