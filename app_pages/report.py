@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from semviz import report
+from semviz import escape, report
 from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.trace import Trace, TraceError
 from ui import page
@@ -44,7 +44,7 @@ else:
             store["loaded"] = Trace.load(path.strip())
             store["path"] = path.strip()
     except TraceError as exc:
-        st.error(f"Trace not read: {exc}", icon="⚠️")
+        st.error(f"Trace not read: {escape.markdown(exc)}", icon="⚠️")
     trace = store.get("loaded")
     selected = None
     if trace is None:
@@ -64,8 +64,8 @@ if trace is not None:
                            "pruning_ratio"), strict=True):  # fmt: skip
         c.metric(METRIC_INFO[k][0], "–" if m[k] is None else f"{m[k]:.3f}")
     st.caption(
-        f"model **{trace.model.get('name', '?')}** · {len(trace.steps)} tokens · "
-        f"stop: {trace.stop_reason or 'not stopped'}"
+        f"model **{escape.markdown(trace.model.get('name', '?'))}** · {len(trace.steps)} tokens · "
+        f"stop: {escape.markdown(trace.stop_reason or 'not stopped')}"
     )
     with st.expander("Generated text", expanded=True):
         st.code("".join(trace.prompt_tokens[-40:]) + "⟨" + trace.text + "⟩", language=None,
@@ -92,7 +92,7 @@ if trace is not None:
             store["done"] = True
             store["pngs"] = len(rep.pngs)
         except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
-            st.error(f"The report was not finished: {exc}", icon="⚠️")
+            st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")
         store["zip"] = report.zip_bytes(out)
     if store.get("dir") and Path(store["dir"]).exists():
         if store.get("zip") is None:  # stopped mid-way: zip what is there
@@ -111,6 +111,6 @@ if trace is not None:
     # -- the views -----------------------------------------------------------------------------
     st.divider()
     for v in vs:
-        st.subheader(v.title)
-        st.caption(v.caption)
+        st.subheader(escape.markdown(v.title))
+        st.caption(escape.markdown(v.caption))  # the captions quote token text
         st.plotly_chart(v.figure, key=f"report_{v.name}", config={"displaylogo": False})

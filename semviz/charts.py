@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from semviz import escape
 from semviz.sampling import PruneParams, PruneResult, active_filters
 from semviz.trace import StepRecord, Trace
 
@@ -83,10 +84,16 @@ def _np(t) -> np.ndarray:
 
 def _show(label: str) -> str:
     """A token made visible: spaces and newlines shown, other control characters escaped
-    (a raw one makes the exported SVG, and so the PNG, invalid), long ones cut."""
+    (a raw one makes the exported SVG, and so the PNG, invalid), long ones cut, and markup
+    shown as text (Plotly renders ``<b>``, ``<a href>`` … in labels)."""
     s = label.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
     s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
-    return s if len(s) <= 14 else s[:13] + "…"
+    return escape.plotly(s if len(s) <= 14 else s[:13] + "…")
+
+
+def _cells(values: Sequence) -> list[list]:
+    """``customdata`` rows of text from a trace, shown literally in hover labels."""
+    return [[escape.plotly(v)] for v in values]
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +218,7 @@ def distribution_figure(
 
 def waterfall_figure(waterfall: Sequence[dict]) -> go.Figure:
     """How much mass each pruning stage removed, and how many candidates were left."""
-    names = [w["name"] for w in waterfall] or ["(no filter on)"]
+    names = [escape.plotly(w["name"]) for w in waterfall] or ["(no filter on)"]
     removed = [100.0 * float(w["mass_removed"]) for w in waterfall] or [0.0]
     left = [int(w["n_kept"]) for w in waterfall] or [0]
     data = [
@@ -385,7 +392,7 @@ def entropy_figure(
             "text": label, "showarrow": False, "xanchor": "left", "yanchor": "top",
             "font": {"size": 10, "color": "#555"},
         })  # fmt: skip
-    steps, tokens = _col(df, "step"), [[t] for t in _col(df, "token")]
+    steps, tokens = _col(df, "step"), _cells(_col(df, "token"))
     data = [
         {
             "type": "scatter", "x": steps, "y": _col(df, "entropy"), "name": "entropy H (nats)",
@@ -405,7 +412,7 @@ def entropy_figure(
         data.append({
             "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, "entropy"), "mode": "markers",
             "name": "safety fallback fired", "marker": {"symbol": "x", "size": 11, "color": "#d62728"},
-            "customdata": [[r] for r in _col(fb, "fallback")],
+            "customdata": _cells(_col(fb, "fallback")),
             "hovertemplate": "step %{x}: %{customdata[0]}<extra></extra>",
         })  # fmt: skip
     layout = _base(None, 360)
@@ -426,7 +433,7 @@ def thermo_figure(df, *, selected: int | None = None, first_diff: int | None = N
     layout = _base(None, 560)
     layout.update(_stacked(3, titles, 0.07))
     series = [("temperature", "#1f77b4"), ("free_energy", "#9467bd"), ("n_kept", "#2ca02c")]
-    steps, tokens = _col(df, "step"), [[t] for t in _col(df, "token")]
+    steps, tokens = _col(df, "step"), _cells(_col(df, "token"))
     fb = df[df["fallback"] != ""] if len(df) else df
     data = []
     for r, (col, color) in enumerate(series, start=1):
@@ -443,7 +450,7 @@ def thermo_figure(df, *, selected: int | None = None, first_diff: int | None = N
                 "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, col), "mode": "markers",
                 "marker": {"symbol": "x", "size": 10, "color": "#d62728"},
                 "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": "safety fallback",
-                "showlegend": r == 1, "customdata": [[f] for f in _col(fb, "fallback")],
+                "showlegend": r == 1, "customdata": _cells(_col(fb, "fallback")),
                 "hovertemplate": "%{customdata[0]}<extra></extra>",
             })  # fmt: skip
     layout["shapes"] = _vlines(selected, first_diff, ("", "2", "3"))
@@ -465,7 +472,8 @@ def entropy_scatter(df, *, selected: int | None = None) -> go.Figure:
             "mode": "markers", "name": action,
             "marker": {"color": color, "size": 8, "opacity": 0.8,
                        "symbol": "x" if action == "safety fallback" else "circle"},
-            "customdata": sub[["step", "token", "rank"]].values.tolist(),
+            "customdata": [[st, escape.plotly(tok), rk] for st, tok, rk
+                           in sub[["step", "token", "rank"]].values.tolist()],
             "hovertemplate": "step %{customdata[0]} %{customdata[1]} (rank %{customdata[2]})"
             "<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
         })  # fmt: skip

@@ -38,12 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from semviz import charts
+from semviz import charts, files
 from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.sampling import PruneParams
 from semviz.trace import Trace
 
 __all__ = [
+    "OUTPUTS",
     "PNG_WIDTH",
     "Report",
     "View",
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 FORMAT = "semviz-report"
+OUTPUTS = ("report.html", "report.json", "trace.json", "trace.parquet", "png")  # what build writes
 PNG_WIDTH = 1000
 Progress = Callable[[str, float], None]
 
@@ -385,9 +387,7 @@ def _kaleido_export(
                     progress(f"PNG {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
                 opts = {"format": "png", "width": v.width, "height": v.height, "scale": 1}
                 img = await k.calc_fig(v.figure, opts=opts)
-                path = out / f"{v.name}.png"
-                path.write_bytes(img)
-                done.append(path)
+                done.append(files.write_bytes(out / f"{v.name}.png", img))
         return done
 
     return asyncio.run(run())
@@ -426,7 +426,8 @@ def _playwright_export(
                 box = loc.bounding_box()  # the page may place it at a fractional offset
                 clip = {"x": round(box["x"]), "y": round(box["y"]), "width": v.width,
                         "height": v.height}  # fmt: skip
-                page.screenshot(path=str(path), clip=clip)
+                with files.atomic_path(path) as tmp:
+                    page.screenshot(path=str(tmp), clip=clip, type="png")
                 done.append(path)
         finally:
             b.close()
@@ -535,7 +536,6 @@ def build(
     chart. A stop request skips the PNGs not yet made; the manifest says which exist.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
 
     def say(msg: str, frac: float) -> None:
         if progress:
@@ -543,11 +543,13 @@ def build(
 
     say("building the charts", 0.0)
     vs = views(trace, tokenizer=tokenizer, selected=selected)
+    page = report_html(trace, vs, selected=selected)  # all made before the first file is written
     say("writing report.html", 0.1)
-    html_path = out / "report.html"
-    html_path.write_text(report_html(trace, vs, selected=selected), encoding="utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    html_path = files.write_text(out / "report.html", page)
     trace.save(out / "trace.json")
-    trace.to_dataframe().to_parquet(out / "trace.parquet", index=False)
+    with files.atomic_path(out / "trace.parquet") as tmp:
+        trace.to_dataframe().to_parquet(tmp, index=False)
     n = len(trace.steps)
     manifest = {
         "format": FORMAT,
@@ -573,7 +575,7 @@ def build(
     pngs: list[Path] = []
     stopped = False
     manifest["stopped"] = png  # until the PNGs are done, so an interrupted bundle says so
-    (out / "report.json").write_text(json.dumps(_clean(manifest), indent=2, default=float))
+    files.write_text(out / "report.json", json.dumps(_clean(manifest), indent=2, default=float))
     if png:
         png_dir = out / "png"
         if png_dir.exists():
@@ -591,7 +593,7 @@ def build(
                 c["png"] = f"png/{c['name']}.png"
         stopped = len(pngs) < len(vs)
     manifest["stopped"] = stopped
-    (out / "report.json").write_text(json.dumps(_clean(manifest), indent=2, default=float))
+    files.write_text(out / "report.json", json.dumps(_clean(manifest), indent=2, default=float))
     say("done", 1.0)
     return Report(out=out, views=vs, html=html_path, manifest=manifest, pngs=pngs, stopped=stopped)
 
