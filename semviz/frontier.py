@@ -29,8 +29,8 @@ that excludes 0.
 
 Examples
 --------
->>> matched_gap([0.8, 0.9], [0.7, 0.6], [0.85, 0.95], [0.75, 0.7])  # B above A where both exist
-0.075
+>>> round(matched_gap([0.8, 0.9], [0.7, 0.6], [0.85, 0.95], [0.8, 0.7]), 3)  # B 0.15 above A
+0.15
 """
 
 from __future__ import annotations
