@@ -184,7 +184,7 @@ class SweepConfig:
     seeds: int = 2
     new_tokens: int = 48
     chat: bool | None = None
-    batch_rows: int = 40
+    batch_rows: int | None = None  # rows per generate() call; None: a whole point
     prompts_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -200,9 +200,10 @@ class SweepConfig:
             raise ValueError("values: give at least one value of the knob")
         if len(set(self.values)) != len(self.values):
             raise ValueError(f"values: {list(self.values)} repeats a value")
-        for name, lo in (("n_prompts", 1), ("seeds", 1), ("new_tokens", 1), ("batch_rows", 1)):
-            if getattr(self, name) < lo:
-                raise ValueError(f"{name} must be at least {lo}, got {getattr(self, name)}")
+        for name in ("n_prompts", "seeds", "new_tokens", "batch_rows"):
+            v = getattr(self, name)
+            if (v is not None or name != "batch_rows") and v < 1:
+                raise ValueError(f"{name} must be at least 1, got {v}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         for side in self.settings:
@@ -337,7 +338,7 @@ def run_sweep(
     sw = _Sweep(lm, cfg, judge, ids, dict(zip(ids, emb, strict=True)), should_stop)
     timings = sw.timings
     frame, made, stopped = old, 0, False
-    for chunk in _chunks(todo, cfg.batch_rows):
+    for chunk in _chunks(todo, cfg.batch_rows or len(todo) or 1):
         point = f"{chunk[0]['setting']} @ {cfg.knob}={chunk[0]['value']:g}"
         base = total - len(todo) + made
 

@@ -214,3 +214,13 @@ def test_cli_end_to_end_and_summary_only(peaked_dir, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| `top_p=0.95,gravity_lambda=0.5` | 1.3 |" in text
     assert "coherence" in (tmp_path / "t.md").read_text()
+
+
+def test_frontier_has_help_with_json(capsys):
+    from semviz.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["frontier", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "python -m semviz frontier" in out and "--json" in out and "--summary" in out
