@@ -494,17 +494,25 @@ class Dominance:
 
     @property
     def verdict(self) -> str:
+        """One sentence: who dominates, by how much, where (the gap is B − A)."""
+        axis = X_AXES[self.x]
         if not math.isfinite(self.gap):
-            return (
-                f"{self.b} vs {self.a}: no common {X_AXES[self.x]} range, so no matched comparison"
-            )
-        where = f"over {X_AXES[self.x]} {self.x_lo:.3f}–{self.x_hi:.3f}"
-        ci = f"{self.gap:+.3f} coherence (95% CI {self.lo:+.3f} to {self.hi:+.3f}) {where}"
+            return f"{self.b} vs {self.a}: no common {axis} range, so no matched comparison"
+        where = f"at matched {axis} {self.x_lo:.3f}–{self.x_hi:.3f}"
         if self.lo > 0:
-            return f"{self.b} dominates {self.a}: {ci}"
+            return (
+                f"{self.b} dominates {self.a}: {where}, {self.b} scores {self.gap:.3f} more "
+                f"coherence (95% CI {self.lo:.3f} to {self.hi:.3f})"
+            )
         if self.hi < 0:
-            return f"{self.a} dominates {self.b}: {ci}"
-        return f"neither {self.b} nor {self.a} dominates: {ci}; the CI includes 0"
+            return (
+                f"{self.a} dominates {self.b}: {where}, {self.b} scores {-self.gap:.3f} less "
+                f"coherence (95% CI {-self.hi:.3f} to {-self.lo:.3f})"
+            )
+        return (
+            f"neither {self.b} nor {self.a} dominates: {where}, coherence {self.b} − {self.a} "
+            f"= {self.gap:+.3f} (95% CI {self.lo:+.3f} to {self.hi:+.3f}), which includes 0"
+        )
 
     def to_dict(self) -> dict:
         d = {

@@ -81,7 +81,10 @@ def test_a_constant_lift_at_the_same_diversity_dominates_with_a_zero_width_ci():
     assert (d.a, d.b) == ("A", "B")
     assert d.gap == pytest.approx(0.1)
     assert d.lo == pytest.approx(0.1) and d.hi == pytest.approx(0.1)
-    assert d.verdict.startswith("B dominates A: +0.100 coherence")
+    assert d.verdict == (
+        "B dominates A: at matched distinct-2 (word bigrams) 0.830–0.930, B scores 0.100 more "
+        "coherence (95% CI 0.100 to 0.100)"
+    )
     assert (d.x_lo, d.x_hi) == pytest.approx((0.83, 0.93))
 
 
