@@ -14,8 +14,8 @@ side by side in one run:
 - perplexity: read from the generating pass (free) against a teacher-forced forward of the
   same rows (its cost, and the largest difference between the two).
 
-    .venv/bin/python benchmarks/bench_frontier.py [--prompts 20 --seeds 2 --tokens 48]
-        [--setting "top_p=0.95,gravity_lambda=0.5"] [--single 6] [--json]
+    .venv/bin/python benchmarks/bench_frontier.py [--prompts 12 --seeds 2 --tokens 48]
+        [--setting "top_p=0.95,gravity_lambda=0.5"] [--single 4] [--json]
 """
 
 from __future__ import annotations
@@ -30,15 +30,17 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--setting", default="top_p=0.95,gravity_lambda=0.5")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--single", type=int, default=6, help="rows rerun one at a time")
+    ap.add_argument("--single", type=int, default=4, help="rows rerun one at a time (>= 1)")
     ap.add_argument("--split", default="test", choices=["dev", "test"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.single < 1:
+        ap.error("--single must be at least 1")
     torch.set_num_threads(1)
 
     import semviz

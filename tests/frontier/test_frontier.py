@@ -36,7 +36,8 @@ def test_prompt_set_has_two_balanced_halves_of_four_kinds():
         half = load_prompts(split=split)
         assert len(half) == len(every) // 2
         assert set(Counter(p.kind for p in half)) == kinds
-        assert Counter(p.kind for p in half[:20]) == {k: 5 for k in kinds}  # the default 20
+        assert Counter(p.kind for p in half[:12]) == {k: 3 for k in kinds}  # the default 12
+        assert Counter(p.kind for p in half[:20]) == {k: 5 for k in kinds}
     assert not {p.text for p in load_prompts(split="dev")} & {p.text for p in load_prompts()}
 
 
