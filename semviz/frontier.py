@@ -87,6 +87,7 @@ KNOBS: dict[str, tuple[float, ...]] = {
     "min_p": (0.2, 0.1, 0.05, 0.0),
     "gravity_lambda": (0.0, 0.5, 1.0, 2.0),
 }
+KNOB_SYMBOLS = {"temperature": "T", "top_p": "top-p", "min_p": "min-p", "gravity_lambda": "λ"}
 _ALIASES = {
     "t": "temperature",
     "temp": "temperature",
@@ -682,6 +683,7 @@ def frontier_figure(summary: Summary):
 
     x = summary.x
     t = summary.points
+    short = KNOB_SYMBOLS.get(summary.knob, summary.knob)  # point labels stay short
     fig = go.Figure()
     for i, (_spec, g) in enumerate(t.groupby("spec", sort=False)):
         g = g.sort_values("value")
@@ -689,7 +691,7 @@ def frontier_figure(summary: Summary):
         name = str(g["setting"].iloc[0])
         fig.add_scatter(
             x=g[x], y=g["coherence"], mode="lines+markers+text", name=name,
-            text=[f"{summary.knob}={v:g}" for v in g["value"]], textposition="top center",
+            text=[f"{short}={v:g}" for v in g["value"]], textposition="top center",
             line={"color": color}, marker={"size": 9},
             error_x={"type": "data", "symmetric": False, "array": g[x + "_hi"] - g[x],
                      "arrayminus": g[x] - g[x + "_lo"], "thickness": 1},
