@@ -60,5 +60,9 @@ if page.need_trace(ctx):
             rl = ctx.labels(rec.cand_ids[:200].tolist())
             fig = charts.rank_shift_figure(rl, stages["raw"][:200], stages["gravity"][:200], top=15)
             views.chart(fig, key="dist_rankshift")
+            st.caption(
+                "Green: promoted by gravity; red: demoted; grey: unchanged. Tokens ranked below "
+                "15 on one side sit under the dashed line, labelled with their real rank."
+            )
         else:
             st.info("Gravity is off (λ = 0): no rank changes. Move **Gravity λ** in the sidebar.")

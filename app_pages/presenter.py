@@ -28,13 +28,23 @@ st.html(
 [data-testid="stMainBlockContainer"] {max-width: 100%; padding: 1rem 2.5rem 0.5rem;}
 [data-testid="stMain"] [data-testid="stVerticalBlock"] {gap: 0.6rem;}
 .stApp .stMarkdown p, .stApp .stCaption p {font-size: 1.25rem;}
-.semviz-title {font-size: 2.9rem; font-weight: 700; line-height: 1.15; margin: 0;}
-.semviz-context {font-size: 1.75rem; line-height: 1.45; white-space: pre-wrap;
-  word-break: break-word;}
-[data-testid="stMetricValue"] {font-size: 2.5rem;}
-[data-testid="stMetricLabel"] p {font-size: 1.2rem;}
+/* type grows with the screen: 1440 px wide → 46 px titles, 1920 → 61 px */
+.semviz-title {font-size: clamp(2.4rem, 3.2vw, 4rem); font-weight: 700; line-height: 1.15;
+  margin: 0;}
+.semviz-context {font-size: clamp(1.5rem, 1.9vw, 2.4rem); line-height: 1.45;
+  white-space: pre-wrap; word-break: break-word;}
+[data-testid="stMetricValue"] {font-size: clamp(2.2rem, 2.6vw, 3.4rem);}
+[data-testid="stMetricLabel"] p {font-size: clamp(1.1rem, 1.25vw, 1.6rem);}
 .st-key-pres_prev button, .st-key-pres_next button {min-width: 5.5rem; min-height: 5rem;}
-.st-key-pres_prev button p, .st-key-pres_next button p {font-size: 2.6rem; line-height: 1;}
+.st-key-pres_prev button p, .st-key-pres_next button p {font-size: 2.6rem; line-height: 1.25;}
+.st-key-pres_prev [data-testid="stMarkdownContainer"],
+.st-key-pres_next [data-testid="stMarkdownContainer"] {overflow: visible;}
+/* the chart's labels at full contrast in either theme (the SVG text takes the page's colour) */
+.js-plotly-plot .xtick text, .js-plotly-plot .ytick text, .js-plotly-plot .g-xtitle text,
+.js-plotly-plot .legendtext {fill: currentColor !important;}
+/* the chart takes the screen's remaining height */
+.stApp .st-key-pres_chart {height: clamp(340px, calc(100vh - 480px), 1000px) !important;
+  flex: 0 0 auto !important;}
 .stApp .semviz-state, .stApp .semviz-state + * {font-size: 1.2rem;}
 .stApp p:has(> .semviz-state) {font-size: 1.2rem; margin: 0;}
 </style>"""
@@ -118,10 +128,11 @@ else:
     else:
         before, lead = "…" + before[-CONTEXT_CHARS:], ""
     plain = token.strip() and "<|" not in token and token.isprintable()
-    shown = html.escape(token if plain else charts.display_token(token))  # ↵, ·, ⟨im_end⟩
+    word = token.lstrip(" ") if plain else charts.display_token(token)  # ↵, ·, ⟨im_end⟩
+    space = token[: len(token) - len(word)] if plain else ""  # outside the highlight
     st.html(
-        f"<div class='semviz-box semviz-context'>{lead}{html.escape(before)}"
-        f"<span class='semviz-focus'>{shown}</span></div>"
+        f"<div class='semviz-box semviz-context'>{lead}{html.escape(before + space)}"
+        f"<span class='semviz-focus'>{html.escape(word)}</span></div>"
     )
 
     final = stages.get("final")
@@ -142,12 +153,13 @@ else:
         horizontal=True,
     )  # fmt: skip
     fig.update_layout(
-        height=420, font={"size": 18}, legend={"font": {"size": 18}},
+        height=None, autosize=True, font={"size": 18}, legend={"font": {"size": 18}},
         margin={"l": 10, "r": 20, "t": 36, "b": 10},
     )  # fmt: skip
     fig.update_yaxes(tickfont={"size": 20}, dtick=1)  # every candidate labelled
     fig.update_xaxes(tickfont={"size": 16}, title={"text": "probability", "font": {"size": 18}})
-    st.plotly_chart(fig, key="pres_dist", config={"displayModeBar": False})
+    with st.container(key="pres_chart"):
+        st.plotly_chart(fig, key="pres_dist", height="stretch", config={"displayModeBar": False})
     shown_tok = charts.display_token(token)
     if chosen >= SHOWN:
         st.caption(

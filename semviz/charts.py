@@ -374,9 +374,9 @@ def rank_shift_figure(
         })  # fmt: skip
     moved = sum(1 for i in show if r_adj[i] <= top and r_raw[i] != r_adj[i])
     entered = sum(1 for i in show if r_adj[i] <= top < r_raw[i])
-    title = f"{moved} of the top {top} after gravity changed rank"
+    title = f"{moved} of the top {top} moved"  # short: it sits over a half-width column
     if entered:
-        title += f"; {entered} came from below rank {top}"
+        title += f", {entered} rose from below"
     lanes = max([top, *y_raw.values(), *y_adj.values()])
     layout = _base(title, 22 * lanes + 110)
     layout.update(
@@ -390,10 +390,6 @@ def rank_shift_figure(
             "type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y",
             "y0": top + 0.5, "y1": top + 0.5,
             "line": {"color": style.REFERENCE, "width": 1, "dash": "dash"},
-        }]  # fmt: skip
-        layout["annotations"] = [{
-            "text": f"below rank {top}", "x": 0.5, "xref": "paper", "y": top + 0.5, "yref": "y",
-            "showarrow": False, "yanchor": "top", "font": {"size": 11},
         }]  # fmt: skip
     return _figure(data, layout)
 
@@ -1041,15 +1037,24 @@ def chain_figure(params: PruneParams, *, per_row: int = 5) -> go.Figure:
         row, col = divmod(i, per_row)
         xs.append(col if row % 2 == 0 else per_row - 1 - col)
         ys.append(-row)
-    ann = [
-        {
-            "x": xs[i + 1], "y": ys[i + 1], "ax": xs[i], "ay": ys[i], "xref": "x", "yref": "y",
-            "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3, "arrowsize": 1.2,
-            "arrowwidth": 1.5, "arrowcolor": style.REFERENCE, "standoff": 22, "startstandoff": 22,
-            "text": "",
-        }
-        for i in range(n - 1)
-    ]  # fmt: skip
+    arrow = {"xref": "x", "yref": "y", "axref": "x", "ayref": "y", "showarrow": True,
+             "arrowhead": 3, "arrowsize": 1.2, "arrowwidth": 1.5, "arrowcolor": style.REFERENCE,
+             "standoff": 22, "text": ""}  # fmt: skip
+    ann, elbows = [], []
+    for i in range(n - 1):
+        if ys[i + 1] == ys[i]:
+            ann.append({**arrow, "x": xs[i + 1], "y": ys[i + 1], "ax": xs[i], "ay": ys[i],
+                        "startstandoff": 22})  # fmt: skip
+            continue
+        # to the next row: out past the captions, down, and back in (never across a caption)
+        side = 0.5 if xs[i] == per_row - 1 else -0.5
+        x, y0, y1 = xs[i], ys[i], ys[i + 1]
+        elbows.append({
+            "type": "path", "xref": "x", "yref": "y",
+            "path": f"M {x + side / 4},{y0} L {x + side},{y0} L {x + side},{y1}",
+            "line": {"color": style.REFERENCE, "width": 1.5},
+        })  # fmt: skip
+        ann.append({**arrow, "x": x, "y": y1, "ax": x + side, "ay": y1, "startstandoff": 0})
     ann += [
         {"x": x, "y": y - 0.2, "text": "<br>".join(textwrap.wrap(st[1], 22)) or " ",
          "showarrow": False, "xref": "x", "yref": "y", "yanchor": "top", "font": {"size": 11}}
@@ -1067,7 +1072,8 @@ def chain_figure(params: PruneParams, *, per_row: int = 5) -> go.Figure:
     layout = _base(None, 170 * rows + 30)
     layout.update(
         annotations=ann,
-        xaxis={"visible": False, "range": [-0.6, per_row - 0.4]},
+        shapes=elbows,
+        xaxis={"visible": False, "range": [-0.75, per_row - 0.25]},
         yaxis={"visible": False, "range": [-rows + 0.3, 0.4]},
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
     )

@@ -350,13 +350,10 @@ def shown_state(whatif: WhatIf | None) -> tuple[str, str]:
     """Which state a view shows, as ``(kind, sentence)``; kind is ``recorded`` or ``what-if``."""
     if whatif is None:
         return "recorded", "The recorded run: what the model and the sampler did."
-    head = "A what-if: the recorded steps re-pruned under other settings (a replay, no model run)"
+    head = "The recorded steps re-pruned with other settings (a replay, no model run)"
     if whatif.first_diff is None:
-        return "what-if", head + "; no choice changes."
-    return "what-if", (
-        f"{head}; from step {whatif.first_diff} on the picks differ, so those steps are "
-        "counterfactual (the model never saw the new tokens)."
-    )
+        return "what-if", head + "; no pick changes."
+    return "what-if", f"{head}; the picks differ from step {whatif.first_diff} on."
 
 
 def report_html(

@@ -127,7 +127,7 @@ def test_rank_shift_keeps_the_top_readable_beside_an_outlier():
     adj[11] = 0.5  # the last one jumps to rank 1: t11, t1, t0, t2, t3 after gravity
     labels = [f"t{i}" for i in range(len(raw))]
     fig = validated(charts.rank_shift_figure(labels, raw, adj, top=5))
-    title = "4 of the top 5 after gravity changed rank; 1 came from below rank 5"
+    title = "4 of the top 5 moved, 1 rose from below"
     assert fig.layout.title.text == title  # t1 kept rank 2
     ys = {tr.text[0].split()[0]: tuple(tr.y) for tr in fig.data}
     assert ys["t11"] == (6.0, 1.0)  # raw rank 12 sits in the first lane under the top
