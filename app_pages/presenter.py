@@ -45,6 +45,7 @@ st.html(
 /* the chart takes the screen's remaining height */
 .stApp .st-key-pres_chart {height: clamp(340px, calc(100vh - 480px), 1000px) !important;
   flex: 0 0 auto !important;}
+.stApp .semviz-context .semviz-muted {opacity: .85;}  /* the prompt: set apart, still legible */
 .stApp .semviz-state, .stApp .semviz-state + * {font-size: 1.2rem;}
 .stApp p:has(> .semviz-state) {font-size: 1.2rem; margin: 0;}
 </style>"""

@@ -22,6 +22,7 @@ The palette
 - prefill / decode, amber / dark teal: Pipeline timing only.
 - sides A, B, ..., indigo, teal, ...: Compare and Tour 5 only.
 - eviction rules, one colour per policy: KV cache only.
+- the app's widgets, slate: no meaning, and not Streamlit's red (red means cut here).
 
 Rules. A concept keeps its colour on every page. Where concepts meet on one page, each
 colour has one meaning; families never drawn together (sides, eviction rules, prefill /
@@ -51,6 +52,7 @@ __all__ = [
     "ACTION",
     "ATTENTION_SCALE",
     "CACHE",
+    "CHROME",
     "CUT",
     "DECODE",
     "ENTROPY",
@@ -101,6 +103,9 @@ FOCUS_ALPHA = 0.45  # the highlighter band's opacity over a chart
 PREFILL = "#ca8a04"
 DECODE = "#0f766e"
 CACHE = "#546e7a"  # measured cache bytes
+# Streamlit's widgets (sliders, toggles, primary buttons) in a neutral slate rather than its
+# default red, which here means "cut"; .streamlit/config.toml repeats these (a test checks)
+CHROME = {"light": "#37474f", "dark": "#b0bec5"}
 
 ACTION = {
     "took the top token": REFERENCE,

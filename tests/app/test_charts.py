@@ -225,3 +225,22 @@ def test_no_colour_literal_outside_the_palette():
         if hexa.search(line)
     ]
     assert not found, found
+
+
+def test_streamlit_config_follows_the_viewer_and_the_palette():
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    cfg = tomllib.loads(
+        (Path(__file__).resolve().parents[2] / ".streamlit/config.toml").read_text()
+    )
+    assert "base" not in cfg.get("theme", {})  # the viewer's light or dark choice
+    assert cfg["client"]["toolbarMode"] == "viewer"  # no Deploy button for visitors
+    for mode in ("light", "dark"):
+        assert cfg["theme"][mode]["primaryColor"] == style.CHROME[mode]
+
+
+def test_style_docstring_examples_run():
+    import doctest
+
+    assert doctest.testmod(style).failed == 0

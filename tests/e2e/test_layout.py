@@ -45,6 +45,11 @@ CLIPPED_TEXT = """
   const root = document.querySelector(rootSel);
   if (!root) return out;
   const clips = (cs) => ['hidden', 'clip'].includes(cs.overflowX) || ['hidden', 'clip'].includes(cs.overflowY);
+  // a selectbox shows its value in an input: a cut value ("attentio") is a cut label
+  for (const el of root.querySelectorAll('[data-testid="stSelectbox"] input')) {
+    if (el.value && el.getClientRects().length && el.scrollWidth > el.clientWidth + 1)
+      out.push(`${el.value} (selectbox value: ${el.scrollWidth} > ${el.clientWidth})`);
+  }
   for (const el of root.querySelectorAll('*')) {
     const own = [...el.childNodes].some(n => n.nodeType === Node.TEXT_NODE && n.textContent.trim());
     // svg: checked per chart below; katex-mathml: KaTeX's visually hidden copy for readers
@@ -268,7 +273,7 @@ def test_presenter_fits_one_screen_and_steps_with_the_keys(browser, app_url, w, 
                 seen_extra = True
                 assert page.get_by_text(re.compile(r"so it has its own bar")).count() == 1
             if k == 0:
-                _shoot(page, f"presenter_screen_{w}x{h}", w, h)
+                _shoot(page, "presenter_screen", w, h)
             before = st["title"]
             page.keyboard.press("ArrowLeft")
             wait_idle(page)
