@@ -38,7 +38,10 @@ if page.need_trace(ctx):
         notes[0] = "The token taken is outside the recorded candidates"
     elif chosen >= top:
         notes[0] += f" (rank {chosen + 1}, drawn after the top {top})"
-    notes.append("pale hatched bars in the final panel were cut by the filters")
+    notes.append(
+        "pale hatched bars in the final panel were cut by the filters (drawn at the "
+        "probability they had when cut)"
+    )
     if "gravity" not in stages:
         notes.append("gravity is off (λ = 0), so its panel is not drawn")
     st.caption("; ".join(notes) + ".")

@@ -48,8 +48,8 @@ if page.need_trace(ctx):
         key="tour1_dist",
     )
     st.caption(
-        "Pale hatched bars in the last panel were cut by top-k / top-p; the yellow band marks "
-        "the token that was drawn."
+        "Pale hatched bars in the last panel were cut by top-k / top-p (drawn at the "
+        "probability they had after temperature); the yellow band marks the token drawn."
     )
     st.subheader("What each filter removed")
     wf = [w.to_dict() for w in res.waterfall] if res is not None else rec.waterfall

@@ -219,8 +219,8 @@ def distribution_figure(
     labels : token texts of the candidates, in candidate order (at least ``top``; up to
         ``chosen`` to draw a chosen token that ranks below the top).
     stages : stage name → (K,) probabilities over the candidates.
-    kept : (K,) bool, tokens that survived every filter; the others are pale and hatched in
-        the final panel.
+    kept : (K,) bool, tokens that survived every filter; in the final panel the others are
+        pale hatched bars at the probability they had when the filters cut them.
     chosen : candidate index of the token taken: highlighted, and drawn as an extra bar
         after the top ones when it ranks below them.
     mode : ``"side"`` one panel per stage, ``"overlay"`` grouped bars in one panel.
@@ -239,17 +239,25 @@ def distribution_figure(
     layout = _base(None, 150 * len(names) + 110)
     layout.update(_stacked(len(names), [STAGE_LABEL[s] for s in names], 0.05))
     layout["shapes"] = []
+    # a cut candidate has no final probability: its final bar is a pale hatched ghost at the
+    # height it had when the filters cut it (the stage before them)
+    before = next((b for b in ("temperature", "gravity", "raw") if b in stages), None)
     data = []
     for r, s in enumerate(names, start=1):
         sfx = "" if r == 1 else str(r)
-        pruned = [s == "final" and not k for k in kept_n.tolist()]
+        pruned = [s == "final" and before is not None and not k for k in kept_n.tolist()]
+        ys = [
+            float(stages[before][i]) if p else float(stages[s][i])
+            for i, p in zip(idx, pruned, strict=True)
+        ]
         data.append({
-            "type": "bar", "x": cats, "y": stages[s][idx].tolist(), "name": STAGE_LABEL[s],
+            "type": "bar", "x": cats, "y": ys, "name": STAGE_LABEL[s],
             "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "showlegend": False,
             "marker": {"color": STAGE_COLOR[s], "opacity": [0.3 if p else 1.0 for p in pruned],
                        "pattern": {"shape": ["/" if p else "" for p in pruned]}},
-            "customdata": ["pruned" if p else "" for p in pruned],
-            "hovertemplate": "%{x}<br>p=%{y:.4f} %{customdata}<extra>" + STAGE_LABEL[s] + "</extra>",
+            "customdata": [f"cut by the filters (p {before} = {y:.4f})" if p else f"p={y:.4f}"
+                           for p, y in zip(pruned, ys, strict=True)],
+            "hovertemplate": "%{x}<br>%{customdata}<extra>" + STAGE_LABEL[s] + "</extra>",
         })  # fmt: skip
         if focus is not None:
             layout["shapes"].append(_band(focus, 0.5, f"x{sfx}", f"y{sfx} domain"))
@@ -321,7 +329,8 @@ def waterfall_figure(waterfall: Sequence[dict]) -> go.Figure:
         showlegend=False,
         xaxis={"title": {"text": "mass removed, % of what entered the stage"},
                "range": [0, 118], "tickvals": [0, 25, 50, 75, 100]},
-        yaxis={"type": "category", "autorange": "reversed", "tickfont": {"size": 12}},
+        yaxis={"type": "category", "autorange": "reversed", "tickfont": {"size": 12},
+               "ticklabelstandoff": 6},
     )  # fmt: skip
     return _figure(data, layout)
 

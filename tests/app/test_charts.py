@@ -173,6 +173,8 @@ def test_distribution_draws_a_chosen_token_below_the_top_and_marks_the_pruned():
     assert list(raw_bars.x)[-1] == "26. w25"  # the chosen token, after the top 10
     assert len(raw_bars.x) == 11
     assert list(final_bars.marker.pattern.shape) == [""] * 3 + ["/"] * 8
+    # a cut candidate's final bar is a ghost at the height the filters cut it from
+    assert final_bars.y[5] == pytest.approx(p[5]) and final_bars.y[0] == pytest.approx(p[0])
     bands = [s for s in fig.layout.shapes if s.type == "rect"]
     assert {(s.x0, s.x1) for s in bands} == {(9.5, 10.5)}  # the highlighter on that bar
     horiz = validated(charts.distribution_figure(labels, stages, chosen=1, mode="overlay",
