@@ -583,6 +583,37 @@ def _clean(obj):
     return obj
 
 
+def _manifest(trace: Trace, vs: Sequence[View], selected, whatif: WhatIf | None) -> dict:
+    """report.json before the PNGs: what the bundle holds and which state it shows."""
+    n = len(trace.steps)
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "model": trace.model,
+        "prompt": trace.prompt,
+        "text": trace.text,
+        "steps": n,
+        "stop_reason": trace.stop_reason,
+        "selected": (n - 1 if selected is None else max(0, min(int(selected), n - 1)))
+        if n
+        else None,
+        "settings": trace.settings,
+        "shows": {
+            "state": shown_state(whatif)[0],
+            "params": None if whatif is None else whatif.params.to_dict(),
+            "first_diff": None if whatif is None else whatif.first_diff,
+        },
+        "metrics": run_metrics(trace).to_dict(),
+        "charts": [
+            {"name": v.name, "title": v.title, "width": v.width, "height": v.height, "png": None}
+            for v in vs
+        ],
+        "files": {"html": "report.html", "trace": "trace.json", "table": "trace.parquet"},
+        "png_engine": None,
+        "stopped": False,
+    }
+
+
 def build(
     trace: Trace,
     out: str | Path,
@@ -616,33 +647,7 @@ def build(
     html_path.write_text(page, encoding="utf-8")
     trace.save(out / "trace.json")
     trace.to_dataframe().to_parquet(out / "trace.parquet", index=False)
-    n = len(trace.steps)
-    manifest = {
-        "format": FORMAT,
-        "version": 1,
-        "model": trace.model,
-        "prompt": trace.prompt,
-        "text": trace.text,
-        "steps": n,
-        "stop_reason": trace.stop_reason,
-        "selected": (n - 1 if selected is None else max(0, min(int(selected), n - 1)))
-        if n
-        else None,
-        "settings": trace.settings,
-        "shows": {
-            "state": shown_state(whatif)[0],
-            "params": None if whatif is None else whatif.params.to_dict(),
-            "first_diff": None if whatif is None else whatif.first_diff,
-        },
-        "metrics": run_metrics(trace).to_dict(),
-        "charts": [
-            {"name": v.name, "title": v.title, "width": v.width, "height": v.height, "png": None}
-            for v in vs
-        ],
-        "files": {"html": "report.html", "trace": "trace.json", "table": "trace.parquet"},
-        "png_engine": None,
-        "stopped": False,
-    }
+    manifest = _manifest(trace, vs, selected, whatif)
     pngs: list[Path] = []
     stopped = False
     manifest["stopped"] = png  # until the PNGs are done, so an interrupted bundle says so

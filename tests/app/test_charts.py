@@ -246,3 +246,26 @@ def test_style_docstring_examples_run():
     import doctest
 
     assert doctest.testmod(style).failed == 0
+
+
+def test_report_shows_the_whatif_and_says_so(run, tmp_path):
+    from semviz import report
+
+    lm, tr, wi, p = run
+    thermo = {
+        state: next(
+            v for v in report.views(tr, tokenizer=lm.tokenizer, whatif=w) if v.name == "thermo"
+        )
+        for state, w in (("recorded", None), ("what-if", wi))
+    }
+    assert list(thermo["recorded"].figure.data[0].y) == [s.temperature for s in tr.steps]
+    assert list(thermo["what-if"].figure.data[0].y) == [r.temperature for r in wi.results]
+    assert wi.results[0].temperature == 0.4 != tr.steps[0].temperature
+    assert report.shown_state(None)[0] == "recorded"
+    kind, sentence = report.shown_state(wi)
+    assert kind == "what-if" and "no model run" in sentence
+    rep = report.build(tr, tmp_path, tokenizer=lm.tokenizer, png=False, whatif=wi)
+    assert rep.manifest["shows"] == {
+        "state": "what-if", "params": wi.params.to_dict(), "first_diff": wi.first_diff,
+    }  # fmt: skip
+    assert "class='state state-whatif'" in rep.html.read_text()
