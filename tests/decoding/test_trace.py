@@ -242,6 +242,6 @@ def test_markup_in_a_trace_is_shown_as_text(trace):
     fig = charts.distribution_figure(["<b>bold</b>", "a&b"], {"raw": np.array([0.6, 0.4])})
     assert fig.data[0].x == ("1. &lt;b&gt;bold&lt;/b&gt;", "2. a&amp;b")
     hover = charts.entropy_figure(charts.step_frame(t), PruneParams()).data[0].customdata
-    assert hover[-1] == ["&lt;b&gt;bold&lt;/b&gt;"]
+    assert list(hover[-1]) == [len(t.steps) - 1, "&lt;b&gt;bold&lt;/b&gt;"]
     shown = escape.markdown(t.model["name"])
     assert shown.startswith(r"\!\[x\]\(http\:\/\/") and "<" not in shown.replace(r"\<", "")

@@ -102,15 +102,19 @@ def test_pages_step_slider_screenshots(browser, app_url):
         before = plot_data(page, 0)
         slider = page.get_by_role("slider", name="Temperature")
         slider.focus()
-        for _ in range(6):
-            page.keyboard.press("ArrowLeft")
+        for _ in range(6):  # a person's key repeat, not six events in one millisecond
+            page.keyboard.press("ArrowLeft", delay=50)
+            time.sleep(0.15)
+        page.wait_for_url("**temperature=0.5**", timeout=120_000)
         wait_idle(page)
         time.sleep(0.5)
         wait_idle(page)
         after = plot_data(page, 0)
         assert before != after, "moving the temperature slider did not change the chart"
         for _ in range(6):
-            page.keyboard.press("ArrowRight")
+            page.keyboard.press("ArrowRight", delay=50)
+            time.sleep(0.15)
+        page.wait_for_url(lambda url: "temperature=" not in url, timeout=120_000)
         wait_idle(page)
 
         # every page loads without a traceback; one 1280×800 screenshot each
