@@ -3,8 +3,9 @@
 transformers looks attention functions up by name in ``AttentionInterface``. semviz registers
 one, ``"semviz_sdpa"``, that runs the stock sdpa kernel and, only when the caller passes a
 ``semviz_sink`` keyword to ``model(...)``, also computes the last query row's softmax(q·Kᵀ·scale)
-for each layer and stores it in that sink. Nothing else changes: without a sink it is exactly
-sdpa. The sink is per call, so two sessions sharing one model never see each other's capture,
+for each layer and stores it in that sink. A ``semviz_masks`` keyword (one boolean mask per
+layer, or None) replaces the model's mask where rows of a batch hold padded caches
+(``semviz.forward.KVRows``). Nothing else changes: without either keyword it is exactly sdpa. The sink is per call, so two sessions sharing one model never see each other's capture,
 and no hook is ever left registered on the model.
 
 The full N×N attention is never formed: at prefill only the last row is computed, which is
@@ -38,8 +39,19 @@ class AttentionSink:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def stacked(self) -> torch.Tensor:
-        """All layers as one (L, B, H, S) float32 tensor, layer order."""
-        return torch.stack([self.rows[i] for i in sorted(self.rows)])
+        """All layers as one (L, B, H, S) float32 tensor, layer order.
+
+        Layers may hold different numbers of cached keys (eviction is per layer): S is the
+        longest, and shorter layers are zero beyond their own length.
+        """
+        rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, S_l)
+        s = max(r.shape[-1] for r in rows)
+        if all(r.shape[-1] == s for r in rows):
+            return torch.stack(rows)
+        out = rows[0].new_zeros(len(rows), *rows[0].shape[:2], s)  # (L, B, H, S)
+        for i, r in enumerate(rows):
+            out[i, ..., : r.shape[-1]] = r
+        return out
 
 
 def last_query_attention(
@@ -79,6 +91,11 @@ def last_query_attention(
 
 def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
     sink: AttentionSink | None = kwargs.pop("semviz_sink", None)
+    masks = kwargs.pop("semviz_masks", None)
+    if masks is not None and masks[module.layer_idx] is not None:
+        # rows of a batch hold different cache entries: this layer's own (B, 1, T, S) mask
+        # (semviz.forward.KVRows.masks) says which keys each query sees, padding hidden
+        attention_mask = masks[module.layer_idx].to(query.device)
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if sink is not None:
         scaling = kwargs.get("scaling")

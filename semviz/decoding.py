@@ -19,7 +19,8 @@ import torch
 from transformers import DynamicCache
 
 from semviz import gravity, pruning
-from semviz.capture import AttentionSink, enable_capture
+from semviz.capture import enable_capture
+from semviz.forward import cache_nbytes, forward
 from semviz.model import LoadedModel
 from semviz.trace import StepRecord, Trace
 
@@ -79,16 +80,6 @@ def encode_prompt(
             f"{lm.max_context:,}: shorten it."
         )
     return list(ids)
-
-
-def cache_nbytes(cache: DynamicCache) -> int:
-    """Bytes held by the cache's key and value tensors."""
-    n = 0
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                n += t.numel() * t.element_size()
-    return n
 
 
 @dataclass
@@ -205,21 +196,16 @@ class Decoder:
 
     def _forward(self, token_ids: list[int], positions: list[int]) -> _Forward:
         """Run the model on new tokens with this decoder's cache; capture the last query."""
-        model = self.lm.model
         dev = self._on_device
         ids = torch.tensor([token_ids], dtype=torch.long, device=dev)  # (1, T)
         pos = torch.tensor([positions], dtype=torch.long, device=dev)  # (1, T)
-        sink = AttentionSink() if self.settings.capture or self._needs_attention() else None
-        kw = {"semviz_sink": sink} if sink is not None else {}
+        capture = self.settings.capture or self._needs_attention()
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.get_decoder()(
-                input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True, **kw
-            )
-            h = out.last_hidden_state[0]  # (T, d)
+        out = forward(self.lm.model, ids, pos, self.cache, capture=capture)
+        h = out.hidden[0]  # (T, d)
         new = torch.tensor(positions, dtype=torch.long)
         self.positions = [torch.cat([p, new]) for p in self.positions]
-        attn = _stack_layers(sink) if sink is not None and sink.rows else None  # (L, H, S)
+        attn = None if out.attention is None else out.attention[:, 0]  # (L, H, S)
         with torch.inference_mode():
             logits, g, t_sem = self._head(h, attn)  # (V,), (V,) or None
         if dev.type == "cuda":
@@ -586,15 +572,3 @@ def top_candidates(
     if ids.numel() == V:
         return ids, float("-inf")
     return ids, float(torch.logsumexp(logits[~member], 0))
-
-
-def _stack_layers(sink: AttentionSink) -> torch.Tensor:
-    """(L, H, S) from a sink whose layers may hold different numbers of positions."""
-    rows = [sink.rows[i][0] for i in sorted(sink.rows)]  # each (H, S_l)
-    s = max(r.shape[-1] for r in rows)
-    if all(r.shape[-1] == s for r in rows):
-        return torch.stack(rows)
-    out = rows[0].new_zeros(len(rows), rows[0].shape[0], s)
-    for i, r in enumerate(rows):
-        out[i, :, : r.shape[-1]] = r
-    return out

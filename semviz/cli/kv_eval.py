@@ -1,8 +1,8 @@
 """``python -m semviz kv-eval``: teacher-forced quality of KV-cache eviction policies.
 
-Runs the text once with the full cache and once per (policy, budget) with eviction live, one
-token per forward, and prints perplexity, top-1 agreement and KL divergence against the full
-cache, peak cache bytes and tokens/s.
+Reads the text once with the full cache (one prefill) and once with every (policy, budget) as
+a row of one batch, eviction live, one token per forward, and prints perplexity, top-1
+agreement and KL divergence against the full cache, peak cache bytes and tokens/s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 from semviz.cli.common import add_model_args, print_json, progress_bar
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
-ALL_POLICIES = "full,window,streaming,h2o,tova,ema,gravity"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -23,9 +22,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "kv-eval",
         help="measure KV-cache eviction policies against the full cache",
         description=(
-            "Teacher-force a text through the model once per policy with eviction live and "
-            "report perplexity, top-1 agreement and KL divergence from the full cache's "
-            "next-token distribution, peak cache bytes and tokens/s."
+            "Teacher-force a text through the model with every policy as a row of one batch, "
+            "eviction live, and report perplexity, top-1 agreement and KL divergence from the "
+            "full cache's next-token distribution, peak cache bytes and tokens/s."
         ),
     )
     add_model_args(p)
@@ -48,7 +47,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=None,
         help="comma-separated budgets to sweep (overrides --budget), e.g. 64,128,256",
     )
-    p.add_argument("--policies", default=ALL_POLICIES, help=f"comma-separated ({ALL_POLICIES})")
+    p.add_argument(
+        "--policies",
+        default="all",
+        help="comma-separated policy names, or all (every policy semviz.eviction registers: "
+        "full is the reference, the others are evaluated against it)",
+    )
     p.add_argument(
         "--prefill", type=int, default=1, help="tokens in the first forward (then one at a time)"
     )
@@ -100,19 +104,18 @@ def parse_policy_args(items: list[str]) -> dict[str, dict]:
 def run(args: argparse.Namespace) -> int:
     from semviz.cli import UserError
     from semviz.cli.common import load
-    from semviz.eviction import POLICIES, kv_eval, parse_budget
+    from semviz.eviction import POLICIES, kv_eval, parse_budgets, teacher_forced_ids
 
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    if policies == ["all"]:
+        policies = list(POLICIES)
     unknown = [p for p in policies if p not in POLICIES]
     if not policies or unknown:
         raise UserError(f"--policies takes names from {', '.join(POLICIES)}; got {args.policies!r}")
-    raw = args.budgets if args.budgets else args.budget
     try:
-        budgets = [parse_budget(s.strip()) for s in raw.split(",") if s.strip()]
+        budgets = parse_budgets(args.budgets if args.budgets else args.budget)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if not budgets:
-        raise UserError("give at least one budget")
     if args.tokens < 2:
         raise UserError("--tokens must be at least 2")
     path = Path(args.text) if args.text else DEFAULT_TEXT
@@ -134,12 +137,10 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     lm = load(args)
-    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) < args.tokens:
-        raise UserError(f"{path.name} has {len(ids):,} tokens, fewer than --tokens {args.tokens:,}")
-    if args.tokens > lm.max_context:
-        raise UserError(f"{lm.name} reads at most {lm.max_context:,} tokens; lower --tokens")
-    ids = ids[: args.tokens]
+    try:
+        ids = teacher_forced_ids(lm, text, args.tokens)
+    except ValueError as exc:
+        raise UserError(f"{path.name}: {exc} (--tokens)") from None
 
     bar = progress_bar(0, "kv-eval", enabled=not args.quiet)
 
