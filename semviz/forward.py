@@ -44,6 +44,7 @@ __all__ = [
     "cache_nbytes",
     "forward",
     "kv_bytes_per_token",
+    "lm_head",
     "prefill_scan",
 ]
 
@@ -123,6 +124,23 @@ def forward(
         )
     attention = sink.stacked() if sink is not None and sink.rows else None
     return Forward(out.last_hidden_state, attention, time.perf_counter() - t0)
+
+
+def lm_head(model: torch.nn.Module, hidden: Tensor) -> Tensor:
+    """(..., V) float32 logits of final hidden states (..., d).
+
+    A bias-free linear head is computed as ``W · hᵀ``: for the few rows of a batched decode
+    step, CPU BLAS runs that product in about the time of one row (one pass over the (V, d)
+    weight), where ``F.linear``'s kernel took 1.6-2.9x longer for 6 rows than for 1.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear and head.bias is None:
+        flat = hidden.reshape(-1, hidden.shape[-1])  # (R, d)
+        with torch.inference_mode():
+            out = (head.weight @ flat.T).T  # (R, V)
+        return out.reshape(*hidden.shape[:-1], -1).float()
+    with torch.inference_mode():
+        return head(hidden).float()
 
 
 class KVRows:

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from semviz import charts
+from semviz.forward import kv_bytes_per_token
 from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.pruning import PruneParams
 from semviz.trace import Trace
@@ -211,8 +212,7 @@ def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[
     m = trace.model
     bpt = None
     if all(k in m for k in ("num_layers", "num_kv_heads", "head_dim")):
-        nbytes = 2 if m.get("dtype") in ("bfloat16", "float16") else 4
-        bpt = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * nbytes
+        bpt = kv_bytes_per_token(m)
     out.append(View(
         "cache_bytes", "KV cache size per step",
         "Measured bytes held by the cache, against the formula for a full cache.",

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from semviz.eviction.policies import POLICIES, Value, apply_plans, make_policy, view_of
-from semviz.forward import KVRows, forward, kv_bytes_per_token
+from semviz.forward import KVRows, forward, kv_bytes_per_token, lm_head
 
 __all__ = ["KVEval", "TeacherStep", "kv_eval", "teacher_force", "teacher_forced_ids"]
 
@@ -122,10 +122,7 @@ class _Batch:
             self.lm.model, chunk.expand(b, -1).to(dev), pos.expand(b, -1).to(dev),
             self.rows.cache, capture=True, masks=self.rows.masks(stop - start),
         )  # fmt: skip
-        logits = None
-        if head:
-            with torch.inference_mode():
-                logits = self.lm.model.get_output_embeddings()(out.hidden).float()  # (B, T, V)
+        logits = lm_head(self.lm.model, out.hidden) if head else None  # (B, T, V)
         seconds = time.perf_counter() - t0
         self.rows.append(pos)
         if self.hidden is not None:
@@ -212,8 +209,7 @@ def _reference(lm, ids: list[int]) -> _Reference:
         out = forward(model, x, pos, cache)
         keep = min(stop, n - 1) - start  # the last position has no next token
         if keep > 0:
-            with torch.inference_mode():
-                lg = model.get_output_embeddings()(out.hidden[0, :keep]).float()  # (T', V)
+            lg = lm_head(model, out.hidden[0, :keep])  # (T', V)
             logp[start : start + keep] = torch.log_softmax(lg, -1).cpu()
     seconds = time.perf_counter() - t0
     targets = torch.tensor(ids[1:])  # (N-1,)
