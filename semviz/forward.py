@@ -29,8 +29,9 @@ Examples
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -173,6 +174,24 @@ class KVRows:
             pos[0, i, : p.numel()] = p
         return cls(cache, pos)
 
+    @classmethod
+    def stack(cls, caches: Sequence[DynamicCache], positions: Sequence[list[Tensor]]) -> KVRows:
+        """Rows made of one-row caches (decoders'), with their per-layer positions; a layer's
+        rows are padded to its longest. The tensors are copied into one new cache."""
+        rows = [cls.of(c, p) for c, p in zip(caches, positions, strict=True)]
+        n_layers = rows[0].pos.shape[1]
+        width = max(r.pos.shape[-1] for r in rows)
+        pos = torch.full((len(rows), n_layers, width), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            pos[i, :, : r.pos.shape[-1]] = r.pos[0]
+        data = []
+        for layer in range(n_layers):
+            s = max(r.lengths[layer] for r in rows)
+            parts = [_pad_slots(c.layers[layer], s) for c in caches]
+            keys = torch.cat([k for k, _ in parts])  # (B, H_kv, S_l, D)
+            data.append((keys, torch.cat([v for _, v in parts])))
+        return cls(DynamicCache(ddp_cache_data=data), pos)
+
     @property
     def batch(self) -> int:
         return self.pos.shape[0]
@@ -261,6 +280,16 @@ def _layer_length(cache: DynamicCache, layer: int) -> int:
         return 0
     keys = getattr(cache.layers[layer], "keys", None)
     return int(keys.shape[-2]) if isinstance(keys, Tensor) and keys.dim() == 4 else 0
+
+
+def _pad_slots(layer: Any, slots: int) -> tuple[Tensor, Tensor]:
+    """A one-row cache layer's keys and values, zero-padded to ``slots`` slots."""
+    k, v = layer.keys, layer.values  # (1, H_kv, S, D)
+    extra = slots - k.shape[-2]
+    if extra:
+        k = torch.cat([k, k.new_zeros(*k.shape[:2], extra, k.shape[-1])], dim=-2)
+        v = torch.cat([v, v.new_zeros(*v.shape[:2], extra, v.shape[-1])], dim=-2)
+    return k, v
 
 
 def _gather_slots(t: Tensor, idx: Tensor) -> Tensor:
