@@ -236,6 +236,29 @@ def _one_line(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
+def _load_hub(name: str, dev: torch.device, dt: torch.dtype, trust_remote_code: bool):
+    """A Hugging Face hub id, or a ``ModelLoadError`` that says why not (offline, bad id)."""
+    if not _HUB_ID.fullmatch(name):
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
+            "a valid Hugging Face id (owner/name); leave it empty for the offline default."
+        )
+    if not _hub_reachable():
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
+            "the Hugging Face hub is not reachable from here; download it elsewhere and "
+            "pass its local directory, or leave the name empty for the offline default."
+        )
+    try:
+        return _load_dir(name, dev, dt, trust_remote_code)
+    except Exception as exc:  # hub ids fail offline in many different ways
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory or .gguf file, "
+            f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
+            "local model directory, a .gguf path, or no name for the offline default."
+        ) from None
+
+
 def load_model(
     name: str | None = None,
     *,
@@ -256,10 +279,7 @@ def load_model(
     trust_remote_code : passed to transformers; off unless asked for.
     progress : optional callback ``(message, fraction)`` for long first loads.
 
-    Raises
-    ------
-    ModelLoadError
-        With one sentence that says what was tried and how to fix it.
+    Raises ``ModelLoadError`` with one sentence that says what was tried and how to fix it.
     """
     t0 = time.perf_counter()
     try:
@@ -298,25 +318,7 @@ def load_model(
             model, tok = _load_dir(str(Path(name).expanduser()), dev, dt, trust_remote_code)
             source = f"dir:{Path(name).name}"
         else:
-            if not _HUB_ID.fullmatch(name):
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
-                    "a valid Hugging Face id (owner/name); leave it empty for the offline default."
-                )
-            if not _hub_reachable():
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
-                    "the Hugging Face hub is not reachable from here; download it elsewhere and "
-                    "pass its local directory, or leave the name empty for the offline default."
-                )
-            try:
-                model, tok = _load_dir(name, dev, dt, trust_remote_code)
-            except Exception as exc:  # hub ids fail offline in many different ways
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory or .gguf file, "
-                    f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
-                    "local model directory, a .gguf path, or no name for the offline default."
-                ) from None
+            model, tok = _load_hub(name, dev, dt, trust_remote_code)
             source = f"hub:{name}"
     except ModelLoadError:
         raise

@@ -163,6 +163,20 @@ def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[
         "One point per step, coloured by what the sampler did.",
         charts.entropy_scatter(df, selected=sel),
     ))  # fmt: skip
+    out += _selected_step_views(rec, sel, labels, ctx_tokens)
+    if any(s.attention is not None for s in steps):
+        out.append(View(
+            "attention_flow", "Where each step's attention sat",
+            "Steps × original positions, mean over layers and heads (√ of the mass).",
+            charts.attention_flow(steps, n_positions=len(ctx_tokens)),
+        ))  # fmt: skip
+    out += _cache_and_time_views(trace, params, ctx_tokens)
+    return out
+
+
+def _selected_step_views(rec, sel: int, labels, ctx_tokens: list[str]) -> list[View]:
+    """The views of the selected step: its distributions, pruning, gravity and attention."""
+    out: list[View] = []
     stages = charts.step_stages(rec)
     final = stages.get("final")
     kept = None if final is None else np.asarray(final) > 0
@@ -197,12 +211,13 @@ def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[
                 rec.attention.float().numpy(), [ctx_tokens[p] if p < len(ctx_tokens) else "?" for p in pos]
             ),
         ))  # fmt: skip
-    if any(s.attention is not None for s in steps):
-        out.append(View(
-            "attention_flow", "Where each step's attention sat",
-            "Steps × original positions, mean over layers and heads (√ of the mass).",
-            charts.attention_flow(steps, n_positions=len(ctx_tokens)),
-        ))  # fmt: skip
+    return out
+
+
+def _cache_and_time_views(trace: Trace, params: PruneParams, ctx_tokens: list[str]) -> list[View]:
+    """The run's KV cache, its timing and the sampling chain."""
+    steps = trace.steps
+    out: list[View] = []
     if "eviction" in trace.settings:
         out.append(View(
             "kv_timeline", "KV cache: kept and evicted positions",
