@@ -82,6 +82,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -163,7 +164,8 @@ class CacheView:
     def width(self) -> int:
         return self.positions.shape[1]
 
-    @property
+    # the view is made once per forward and never changed, so its derived tensors are cached
+    @cached_property
     def valid(self) -> Tensor:
         """(L, W) bool slots that hold an entry."""
         return self.positions >= 0
@@ -173,12 +175,12 @@ class CacheView:
         """(L, W) bool entries that arrived with this forward."""
         return self.positions >= self.n_before
 
-    @property
+    @cached_property
     def count(self) -> Tensor:
         """(L,) long entries held per layer."""
         return self.valid.sum(1)
 
-    @property
+    @cached_property
     def mean_attention(self) -> Tensor:
         """(L, W) attention averaged over query heads."""
         return self.attention.mean(1)
@@ -355,6 +357,7 @@ class EvictionPolicy:
         self._state: dict[str, Tensor] = {}
         self._regret_r: Tensor | None = None
         self._seen = 0
+        self._fixed_budgets: Tensor | None = None
 
     # -- what subclasses provide ---------------------------------------------------------
     def score(self, v: CacheView) -> Tensor | None:
@@ -393,9 +396,16 @@ class EvictionPolicy:
         return self._per_layer(self.threshold, layer)
 
     def _budgets(self, n_layers: int, n_seen: int) -> Tensor:
-        """(L,) long budgets now, -1 for none."""
+        """(L,) long budgets now, -1 for none (made once unless a budget is a fraction)."""
+        per = self.budget if isinstance(self.budget, tuple) else (self.budget,)
+        fixed = not any(isinstance(b, float) for b in per)
+        if fixed and self._fixed_budgets is not None:
+            return self._fixed_budgets
         b = [self.layer_budget(i, n_seen) for i in range(n_layers)]
-        return torch.tensor([-1 if x is None else x for x in b], dtype=torch.long)
+        out = torch.tensor([-1 if x is None else x for x in b], dtype=torch.long)
+        if fixed:
+            self._fixed_budgets = out
+        return out
 
     def _thresholds(self, n_layers: int) -> Tensor:
         """(L,) float32 thresholds, -inf for none."""
@@ -421,6 +431,7 @@ class EvictionPolicy:
         self._state = {}
         self._regret_r = torch.zeros(n_layers, dtype=torch.float64)
         self._seen = 0
+        self._fixed_budgets: Tensor | None = None
 
     def after_forward(self, session: Any, attention: Tensor) -> dict:
         """Evict from a decoder's own cache after a forward; return the timeline record.

@@ -184,12 +184,32 @@ def test_rerotated_keys_sit_at_cache_relative_positions_in_a_batch(tiny_lm):
     _check_rerotated(tiny_lm, ids, keys, kept)
 
 
-def test_rerotation_refuses_a_model_without_rope(tiny_lm, monkeypatch):
-    """GPT-2-style learned positions: one sentence, before any forward."""
-    decoder = tiny_lm.model.get_decoder()
-    monkeypatch.setattr(decoder, "rotary_emb", None, raising=False)
+@pytest.fixture(scope="module")
+def gpt2_lm(tmp_path_factory, tokenizer_dir):
+    """A tiny random GPT-2 (learned positions, no RoPE) with the real tokenizer."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    import semviz
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = GPT2Config(
+        vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=128,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("tiny-gpt2")
+    GPT2LMHeadModel(cfg).eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return semviz.load_model(str(out), dtype="float32", device="cpu")
+
+
+def test_eviction_runs_on_gpt2_and_rerotation_refuses_it(gpt2_lm):
+    """GPT-2's learned positions: eviction works, re-rotation says so in one sentence."""
+    ids = list(range(1000, 1024))
+    rows = ev.kv_eval(gpt2_lm, ids, ["full", "window", "h2o"], (8,))
+    assert [r["tokens"] for r in rows] == [23] * 3 and rows[1]["mean_cache_len"] <= 8
     policy = ev.make_policy("streaming", budget=8, rerotate=True)
     with pytest.raises(ValueError, match=r"^Key re-rotation needs rotary position embeddings"):
-        ev.kv_eval(tiny_lm, list(range(1000, 1010)), [policy])
-    with pytest.raises(ValueError, match="turn re-rotation off"):
-        Decoder(tiny_lm, "Hello", eviction=ev.make_policy("window", budget=8, rerotate=True))
+        ev.kv_eval(gpt2_lm, ids, [policy])
+    settings = DecodeSettings(chat=False)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel has none: turn re-rotation off"):
+        Decoder(gpt2_lm, "Hello", settings=settings, eviction=policy)
