@@ -620,7 +620,8 @@ def _feed_together(group: list[Decoder]) -> None:
     ids = torch.tensor([[d.ids[-1]] for d in group], dtype=torch.long, device=dev)  # (B, 1)
     pos = torch.full((len(group), 1), n - 1, dtype=torch.long, device=dev)  # (B, 1)
     capture = any(d.settings.capture or d._needs_attention() for d in group)
-    out = forward(group[0].lm.model, ids, pos, rows.kv.cache, capture=capture)
+    masks = rows.kv.masks(1)  # None: the rows hold the same positions
+    out = forward(group[0].lm.model, ids, pos, rows.kv.cache, capture=capture, masks=masks)
     rows.kv.append(torch.tensor([n - 1]))
     rows.lend()
     for r, d in enumerate(group):

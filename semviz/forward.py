@@ -131,8 +131,8 @@ def lm_head(model: torch.nn.Module, hidden: Tensor) -> Tensor:
     """(..., V) float32 logits of final hidden states (..., d).
 
     A bias-free linear head is computed as ``W · hᵀ``: for the few rows of a batched decode
-    step, CPU BLAS runs that product in about the time of one row (one pass over the (V, d)
-    weight), where ``F.linear``'s kernel took 1.6-2.9x longer for 6 rows than for 1.
+    step CPU BLAS runs that product faster than ``F.linear`` (SmolLM2's (49152, 576) head,
+    6 rows, one thread: 126 ms against 205 ms; one row takes 70 ms either way).
     """
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear and head.bias is None:
