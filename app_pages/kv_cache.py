@@ -117,7 +117,7 @@ def _tick() -> None:
     run = job["run"]
     t0 = time.perf_counter()
     while not run.finished and time.perf_counter() - t0 < TICK_SECONDS:
-        reference = run.ref is None
+        reference = not run.ref.done
         t1 = time.perf_counter()
         run.step()
         if not reference:  # the time left is estimated from the per-token forwards

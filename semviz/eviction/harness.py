@@ -183,38 +183,48 @@ def teacher_force(
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
 class _Reference:
-    """The full cache's next-token log-probabilities, from one prefill."""
+    """The full cache's next-token log-probabilities, from one prefill over the text.
 
-    logp: Tensor  # (N-1, V) float32
-    top: Tensor  # (N-1,) long
-    nll: float
-    seconds: float
+    The prefill is fed in chunks of ``REFERENCE_CHUNK`` tokens onto one cache (a chunked
+    prefill computes what one prefill does); :meth:`step` feeds one chunk, so a caller can
+    stop between chunks, and the chunk bounds the (T, V) logits held at once.
+    """
 
+    def __init__(self, lm, ids: list[int]) -> None:
+        from transformers import DynamicCache
 
-def _reference(lm, ids: list[int]) -> _Reference:
-    """One prefill over ``ids`` (chunked at ``REFERENCE_CHUNK``): every position's log-probs."""
-    from transformers import DynamicCache
+        self.lm, self.ids = lm, ids
+        self.cache = DynamicCache(config=lm.model.config)
+        self.logp = torch.empty(len(ids) - 1, lm.model.config.vocab_size)  # (N-1, V)
+        self.read = 0
+        self.seconds = 0.0
+        self.top: Tensor | None = None  # (N-1,) the full cache's top-1, once done
+        self.nll = 0.0
 
-    model, dev = lm.model, lm.device
-    n = len(ids)
-    cache = DynamicCache(config=model.config)
-    logp = torch.empty(n - 1, model.config.vocab_size)
-    t0 = time.perf_counter()
-    for start in range(0, n, REFERENCE_CHUNK):
-        stop = min(n, start + REFERENCE_CHUNK)
-        x = torch.tensor([ids[start:stop]], device=dev)  # (1, T)
+    @property
+    def done(self) -> bool:
+        return self.read >= len(self.ids)
+
+    def step(self) -> None:
+        """Feed the next chunk; after the last one, free the cache and sum the NLL."""
+        model, dev, n = self.lm.model, self.lm.device, len(self.ids)
+        start, stop = self.read, min(n, self.read + REFERENCE_CHUNK)
+        t0 = time.perf_counter()
+        x = torch.tensor([self.ids[start:stop]], device=dev)  # (1, T)
         pos = torch.arange(start, stop, device=dev)[None]  # (1, T)
-        out = forward(model, x, pos, cache)
+        out = forward(model, x, pos, self.cache)
         keep = min(stop, n - 1) - start  # the last position has no next token
         if keep > 0:
             lg = lm_head(model, out.hidden[0, :keep])  # (T', V)
-            logp[start : start + keep] = torch.log_softmax(lg, -1).cpu()
-    seconds = time.perf_counter() - t0
-    targets = torch.tensor(ids[1:])  # (N-1,)
-    nll = -float(logp.gather(1, targets[:, None]).double().sum())
-    return _Reference(logp=logp, top=logp.argmax(-1), nll=nll, seconds=seconds)
+            self.logp[start : start + keep] = torch.log_softmax(lg, -1).cpu()
+        self.seconds += time.perf_counter() - t0
+        self.read = stop
+        if self.done:
+            self.cache = None
+            targets = torch.tensor(self.ids[1:])  # (N-1,)
+            self.nll = -float(self.logp.gather(1, targets[:, None]).double().sum())
+            self.top = self.logp.argmax(-1)
 
 
 @dataclass
@@ -337,18 +347,18 @@ class KVEval:
         self.schedule = _schedule(len(self.ids), self.prefill)
         self.total = len(self.ids) * max(len(self.groups), 1)
         self.done = 0
-        self.ref: _Reference | None = None
+        self.ref = _Reference(lm, self.ids)
         self._group = 0
         self._forward = 0
         self._batch: _Batch | None = None
 
     @property
     def finished(self) -> bool:
-        return self.ref is not None and self._group >= len(self.groups)
+        return self.ref.done and self._group >= len(self.groups)
 
     def label(self) -> str:
         """What the next step runs."""
-        if self.ref is None:
+        if not self.ref.done:
             return "full cache (reference)"
         if self.finished:
             return "done"
@@ -358,10 +368,10 @@ class KVEval:
         return f"{names} @ {budgets}"
 
     def step(self) -> None:
-        """The reference prefill (first call), then one batched forward of the current batch."""
-        if self.ref is None:
-            self.ref = _reference(self.lm, self.ids)
-            if not self.groups:
+        """A chunk of the reference prefill until it is done, then one batched forward."""
+        if not self.ref.done:
+            self.ref.step()
+            if self.ref.done and not self.groups:
                 self.done = self.total
             return
         if self.finished:
@@ -381,7 +391,7 @@ class KVEval:
         """The table so far: the reference, then every row that has read tokens (partial
         rows, ``tokens`` fewer than the others', when the run was stopped early)."""
         out = []
-        if self.want_full and self.ref is not None:
+        if self.want_full and self.ref.done:
             out.append(self._full_row())
         out += [r.row() for r in self.runs if r.n_fwd]
         return out

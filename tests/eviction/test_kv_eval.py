@@ -174,7 +174,7 @@ def test_cli_table_and_user_errors(tiny_dir, tmp_path, capsys):
     base = ["kv-eval", "--model", str(tiny_dir), "--text", str(text), "--quiet"]
     assert main(base + ["--tokens", "12", "--budget", "4", "--policies", "full,window"]) == 0
     assert "window" in capsys.readouterr().out
-    assert main(base + ["--tokens", "12", "--budget", "4"]) == 0  # --policies all
+    assert main(base + ["--tokens", "12", "--budget", "6"]) == 0  # --policies all
     table = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in table[3:]] == list(ev.POLICIES)
     for extra, word in [
