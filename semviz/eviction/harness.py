@@ -8,9 +8,11 @@ eviction on its own slice of the captured attention, and the cache is packed onc
 A row's results equal those of the same policy run alone (``batch_size=1``) up to float rounding:
 padded keys get exactly zero attention (tests hold logits to 1e-5).
 
-The full-cache reference is one prefill over the text (in chunks of ``REFERENCE_CHUNK`` tokens,
-which only bounds memory): it gives every position's next-token log-probabilities, against which
-each row's perplexity, top-1 agreement and KL divergence are scored as it goes.
+The full-cache reference is one prefill over the text (fed in chunks of ``REFERENCE_CHUNK``
+tokens, so memory stays bounded and a caller can stop between chunks): it gives every position's
+next-token log-probabilities, against which each row's perplexity, top-1 agreement and KL
+divergence are scored as it goes. :class:`KVEval` advances the whole evaluation one forward per
+``step()``; :func:`kv_eval` runs it to the end (or to a stop request).
 
 Examples
 --------
