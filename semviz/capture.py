@@ -5,8 +5,9 @@ one, ``"semviz_sdpa"``, that runs the stock sdpa kernel and, only when the calle
 ``semviz_sink`` keyword to ``model(...)``, also computes the last query row's softmax(q·Kᵀ·scale)
 for each layer and stores it in that sink. A ``semviz_masks`` keyword (one boolean mask per
 layer, or None) replaces the model's mask where rows of a batch hold padded caches
-(``semviz.forward.KVRows``). Nothing else changes: without either keyword it is exactly sdpa. The sink is per call, so two sessions sharing one model never see each other's capture,
-and no hook is ever left registered on the model.
+(``semviz.forward.KVRows``). Nothing else changes: without either keyword it is exactly sdpa.
+The sink is per call, so two sessions sharing one model never see each other's capture, and
+no hook is ever left registered on the model.
 
 The full N×N attention is never formed: at prefill only the last row is computed, which is
 O(H·N·D) per layer instead of O(H·N²).
@@ -38,20 +39,24 @@ class AttentionSink:
 
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def stacked(self) -> torch.Tensor:
+    def stacked(self, *, align: str = "right") -> torch.Tensor:
         """All layers as one (L, B, H, S) float32 tensor, layer order.
 
-        Layers may hold different numbers of cached keys (eviction is per layer): S is the
-        longest, and shorter layers are zero beyond their own length.
+        Layers may hold different numbers of cached keys, S is the longest, and a shorter
+        layer's row is zero-padded:
+
+        - ``align="right"``: a sliding-window layer under transformers' own cache (in
+          ``generate``) holds only the window's most recent keys, so its row is right-aligned,
+          zeros standing for the positions before its window;
+        - ``align="left"``: under eviction each layer keeps its own entries packed from slot 0
+          (``semviz.forward.KVRows``), so its row is zero beyond its own length.
         """
+        if align not in ("left", "right"):
+            raise ValueError(f"align must be 'left' or 'right', got {align!r}")
         rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, S_l)
         s = max(r.shape[-1] for r in rows)
-        if all(r.shape[-1] == s for r in rows):
-            return torch.stack(rows)
-        out = rows[0].new_zeros(len(rows), *rows[0].shape[:2], s)  # (L, B, H, S)
-        for i, r in enumerate(rows):
-            out[i, ..., : r.shape[-1]] = r
-        return out
+        pad = (lambda n: (0, n)) if align == "left" else (lambda n: (n, 0))
+        return torch.stack([torch.nn.functional.pad(r, pad(s - r.shape[-1])) for r in rows])
 
 
 def last_query_attention(

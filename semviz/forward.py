@@ -38,6 +38,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from semviz.capture import AttentionSink, enable_capture
+from semviz.model import new_cache
 
 __all__ = [
     "Forward",
@@ -54,9 +55,14 @@ def kv_bytes_per_token(summary: dict) -> int:
     """``2 · layers · kv_heads · head_dim · bytes``: the keys and values one token adds.
 
     ``summary`` is ``LoadedModel.summary()`` (or a trace's ``model``); the element size is
-    that of its ``dtype``, the dtype the cache is stored in.
+    that of its ``dtype``, the dtype the cache is stored in (float32 when absent). An
+    unknown dtype is a ``ValueError``.
     """
-    el = getattr(torch, str(summary.get("dtype", "float32")).replace("torch.", "")).itemsize
+    name = str(summary.get("dtype", "float32")).replace("torch.", "")
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must name a torch dtype, got {name[:40]!r}")
+    el = dtype.itemsize
     return 2 * summary["num_layers"] * summary["num_kv_heads"] * summary["head_dim"] * el
 
 
@@ -123,7 +129,7 @@ def forward(
             use_cache=cache is not None,
             **kw,
         )
-    attention = sink.stacked() if sink is not None and sink.rows else None
+    attention = sink.stacked(align="left") if sink is not None and sink.rows else None
     return Forward(out.last_hidden_state, attention, time.perf_counter() - t0)
 
 
@@ -163,7 +169,7 @@ class KVRows:
         """Rows with empty caches."""
         n_layers = int(model.config.num_hidden_layers)
         pos = torch.full((batch, n_layers, 0), -1, dtype=torch.long)
-        return cls(DynamicCache(config=model.config), pos)
+        return cls(new_cache(model), pos)
 
     @classmethod
     def of(cls, cache: DynamicCache, positions: list[Tensor]) -> KVRows:

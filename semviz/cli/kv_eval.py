@@ -12,9 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from semviz.cli.common import add_model_args, print_json, progress_bar
+from semviz.cli.common import add_model_args, int_arg, print_json, progress_bar
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
+MAX_TEXT_BYTES = 64 << 20  # never read more of --text than this, whatever --tokens asks
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -30,13 +31,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_args(p)
     # exact comparisons against the full cache, and on CPU float32 is the faster path
     p.set_defaults(dtype="float32")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads", type=int_arg(1, 1024), default=None,
+        help="torch CPU threads (default: torch's)",
+    )  # fmt: skip
     p.add_argument(
         "--text",
         default=None,
         help="a UTF-8 text file (default: the shipped Pride and Prejudice chapters)",
     )
-    p.add_argument("--tokens", type=int, default=1024, help="tokens of the text to read")
+    p.add_argument(
+        "--tokens", type=int_arg(2, 1 << 20), default=1024, help="tokens of the text to read"
+    )
     p.add_argument(
         "--budget",
         default="128",
@@ -54,8 +60,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "full is the reference, the others are evaluated against it)",
     )
     p.add_argument(
-        "--prefill", type=int, default=1, help="tokens in the first forward (then one at a time)"
-    )
+        "--prefill", type=int_arg(1), default=1,
+        help="tokens in the first forward (then one at a time); fewer than --tokens",
+    )  # fmt: skip
     p.add_argument(
         "--rerotate",
         action="store_true",
@@ -73,23 +80,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _value(text: str):
-    low = text.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_policy_args(items: list[str]) -> dict[str, dict]:
     """``["gravity.beta=1", "h2o.recent=0.25"]`` → ``{"gravity": {"beta": 1}, ...}``."""
     from semviz.cli import UserError
+    from semviz.sampling.params import parse_scalar
 
     out: dict[str, dict] = {}
     for item in items:
@@ -97,11 +91,12 @@ def parse_policy_args(items: list[str]) -> dict[str, dict]:
         name, dot, attr = key.partition(".")
         if not sep or not dot or not name or not attr:
             raise UserError(f"--policy-arg must look like POLICY.KEY=VALUE, got {item!r}")
-        out.setdefault(name.strip(), {})[attr.strip()] = _value(val.strip())
+        out.setdefault(name.strip(), {})[attr.strip()] = parse_scalar(val)
     return out
 
 
 def run(args: argparse.Namespace) -> int:
+    from semviz import files
     from semviz.cli import UserError
     from semviz.cli.common import load
     from semviz.eviction import POLICIES, kv_eval, parse_budgets, teacher_forced_ids
@@ -112,17 +107,15 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if not policies or unknown:
         raise UserError(f"--policies takes names from {', '.join(POLICIES)}; got {args.policies!r}")
+    flag, raw = ("--budgets", args.budgets) if args.budgets else ("--budget", args.budget)
     try:
-        budgets = parse_budgets(args.budgets if args.budgets else args.budget)
+        budgets = parse_budgets(raw)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if args.tokens < 2:
-        raise UserError("--tokens must be at least 2")
+        raise UserError(f"{flag} {raw}: {exc}") from None
+    if args.prefill >= args.tokens:
+        raise UserError(f"--prefill {args.prefill} must be fewer than --tokens {args.tokens}")
     path = Path(args.text) if args.text else DEFAULT_TEXT
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    files.check_in_file(path)  # before loading the model
     kw = parse_policy_args(args.policy_arg)
     for name in kw:
         if name not in POLICIES:
@@ -131,14 +124,13 @@ def run(args: argparse.Namespace) -> int:
         kw.setdefault("streaming", {})["rerotate"] = True
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise UserError("--threads must be at least 1")
         import torch
 
         torch.set_num_threads(args.threads)
     lm = load(args)
+    ids = read_ids(path, lm.tokenizer, args.tokens)  # bounded: reads only what it needs
     try:
-        ids = teacher_forced_ids(lm, text, args.tokens)
+        ids = teacher_forced_ids(lm, ids, args.tokens)
     except ValueError as exc:
         raise UserError(f"{path.name}: {exc} (--tokens)") from None
 
@@ -179,6 +171,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_table(rows, lm.name, path.name, len(ids))
     return 0
+
+
+def read_ids(path: Path, tokenizer, n: int) -> list[int]:
+    """The first ``n`` token ids of the text file, reading only as much of it as they need."""
+    from semviz import files
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return files.read_tokens(path, encode, n, limit=MAX_TEXT_BYTES)
 
 
 def _print_table(rows: list[dict], model: str, text: str, n: int) -> None:

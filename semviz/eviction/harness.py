@@ -194,10 +194,8 @@ class _Reference:
     """
 
     def __init__(self, lm, ids: list[int]) -> None:
-        from transformers import DynamicCache
-
         self.lm, self.ids = lm, ids
-        self.cache = DynamicCache(config=lm.model.config)
+        self.cache = lm.new_cache()
         self.logp = torch.empty(len(ids) - 1, lm.model.config.vocab_size)  # (N-1, V)
         self.read = 0
         self.seconds = 0.0

@@ -95,6 +95,7 @@ from semviz.gravity import (
     gravity_potential,
     normalize_gravity,
 )
+from semviz.model import require_full_attention
 
 __all__ = [
     "POLICIES",
@@ -117,6 +118,7 @@ __all__ = [
 ]
 
 RULES = ("budget", "threshold", "window")
+MAX_BUDGET = 2**31 - 1  # budgets are recorded as int32
 _RULE = {r: i for i, r in enumerate(RULES)}
 REGRET_METHOD = "frozen share at eviction, decayed by regret_decay per step; R/(1+R)"
 
@@ -263,6 +265,8 @@ def _check_budget_value(v: Any, name: str) -> float | int:
     if v >= 1:
         if float(v) != int(v):
             raise ValueError(f"{name} must be a whole number of tokens when >= 1, got {v!r}")
+        if v > MAX_BUDGET:
+            raise ValueError(f"{name} must be at most {MAX_BUDGET:,} tokens, got {v!r}")
         return int(v)
     if v <= 0:
         raise ValueError(f"{name} must be a token count >= 1 or a fraction in (0, 1), got {v!r}")
@@ -420,9 +424,16 @@ class EvictionPolicy:
         return torch.full_like(budget, int(r))
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def check_model(self, lm: Any) -> None:
+        """Raise ``ValueError`` (one sentence naming the model) if this policy cannot run on
+        ``lm``: a policy that evicts needs every layer to see the whole cache."""
+        if self.budget is not None or self.threshold is not None:
+            require_full_attention(lm)
+
     def reset(self, owner: Any) -> None:
         """Forget all state; called when a run (re)starts. ``owner``: a session or an lm."""
         lm = getattr(owner, "lm", owner)
+        self.check_model(lm)
         n_layers = int(lm.model.config.num_hidden_layers)
         for name in ("budget", "threshold"):
             v = getattr(self, name)

@@ -7,9 +7,10 @@ after each eviction, re-rotates the kept keys so that each one's distance to the
 ``n_seen - S + j``. Each key is rotated from its original (true-position) key, kept in float32
 from the forward that made it, so the error does not build up over steps.
 
-Only models whose keys carry plain RoPE can be re-rotated; :func:`rope_inv_freq` is the one
-place that checks it, and refuses any other model (GPT-2's learned positions, scaled or
-partial RoPE) with one sentence.
+Only models whose keys carry one set of RoPE frequencies over every key dimension can be
+re-rotated: :func:`semviz.model.require_rope` refuses any other model (GPT-2's learned
+positions, partial or per-layer RoPE) with one sentence, and
+:func:`semviz.model.rope_inv_freq` gives the frequencies.
 """
 
 from __future__ import annotations
@@ -21,34 +22,9 @@ import torch
 from torch import Tensor
 
 from semviz.eviction.policies import CacheView, EvictionPolicy, Plan, _Packer, evict_session
+from semviz.model import require_rope, rope_inv_freq
 
-__all__ = ["KeyRerotation", "rope_inv_freq", "rope_shift"]
-
-
-def rope_inv_freq(model: torch.nn.Module) -> Tensor:
-    """(D/2,) float32 RoPE inverse frequencies of ``model``, or ``ValueError`` in one sentence
-    when its keys cannot be re-rotated exactly."""
-    rope = getattr(model.get_decoder(), "rotary_emb", None)
-    kind = type(model).__name__
-    if rope is None or not isinstance(getattr(rope, "inv_freq", None), Tensor):
-        raise ValueError(
-            f"Key re-rotation needs rotary position embeddings (RoPE) and {kind} has none: "
-            "turn re-rotation off."
-        )
-    if float(getattr(rope, "attention_scaling", 1.0)) != 1.0:
-        raise ValueError(
-            f"Key re-rotation needs plain RoPE and {kind} scales its rotary embeddings: "
-            "turn re-rotation off."
-        )
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    inv = rope.inv_freq.detach().float().cpu()
-    if 2 * inv.numel() != head_dim:
-        raise ValueError(
-            f"Key re-rotation needs RoPE over the whole head and {kind} rotates only part of "
-            "it: turn re-rotation off."
-        )
-    return inv
+__all__ = ["KeyRerotation", "rope_shift"]
 
 
 def rope_shift(k: Tensor, delta: Tensor, inv_freq: Tensor) -> Tensor:
@@ -96,9 +72,15 @@ class KeyRerotation:
     def to_dict(self) -> dict:
         return {**self.policy.to_dict(), "rerotate": True}
 
+    def check_model(self, lm: Any) -> None:
+        """The wrapped policy's checks, then :func:`semviz.model.require_rope`."""
+        self.policy.check_model(lm)
+        require_rope(lm)
+
     def reset(self, owner: Any) -> None:
         lm = getattr(owner, "lm", owner)
-        self._inv_freq = rope_inv_freq(lm.model)  # refuses a model without plain RoPE
+        self.check_model(lm)
+        self._inv_freq = rope_inv_freq(lm.model)
         self.policy.reset(owner)
         self._orig = self._assigned = None
 

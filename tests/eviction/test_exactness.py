@@ -11,7 +11,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from semviz import eviction as ev
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 N = 72
 _IMPL = "semviz_test_layer_masks"
@@ -148,6 +148,19 @@ def _layer0_keys(lm, tokens: list[int], positions: torch.Tensor) -> torch.Tensor
     return cache.layers[0].keys  # (1, H_kv, S, D)
 
 
+def _rerotated_layer0(lm, ids: list[int], budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed ``ids`` one token at a time to a decoder that streams with re-rotation; return
+    layer 0's keys (1, H_kv, S, D) and the positions it kept (S,)."""
+    policy = ev.make_policy("streaming", budget=budget, rerotate=True)
+    settings = DecodeSettings(max_new_tokens=64, chat=False, capture=False, record_k=8)
+    d = Decoder(lm, "", PruneParams(), settings, eviction=policy, prompt_ids=ids[:1])
+    for tok in ids[1:]:
+        d.step(force_token=tok)
+    d.step()  # feeds the last forced token
+    assert d.trace.settings["eviction"]["rerotate"] is True
+    return d.cache.layers[0].keys.clone(), d.positions[0].clone()
+
+
 def _check_rerotated(lm, ids, keys: torch.Tensor, kept: torch.Tensor) -> None:
     """Layer-0 keys depend on the token and its position only, so the re-rotated cache must
     equal layer-0 keys computed afresh at the cache-relative positions."""
@@ -163,14 +176,7 @@ def _check_rerotated(lm, ids, keys: torch.Tensor, kept: torch.Tensor) -> None:
 
 def test_rerotated_keys_sit_at_cache_relative_positions_in_a_decoder(tiny_lm):
     ids = list(range(1000, 1040))
-    policy = ev.make_policy("streaming", budget=10, rerotate=True)
-    settings = DecodeSettings(max_new_tokens=64, chat=False, capture=False, record_k=8)
-    d = Decoder(tiny_lm, "", PruneParams(), settings, eviction=policy, prompt_ids=ids[:1])
-    for tok in ids[1:]:
-        d.step(force_token=tok)
-    d.step()  # feeds the last forced token
-    assert d.trace.settings["eviction"]["rerotate"] is True
-    _check_rerotated(tiny_lm, ids, d.cache.layers[0].keys, d.positions[0])
+    _check_rerotated(tiny_lm, ids, *_rerotated_layer0(tiny_lm, ids, budget=10))
 
 
 def test_rerotated_keys_sit_at_cache_relative_positions_in_a_batch(tiny_lm):
@@ -182,34 +188,3 @@ def test_rerotated_keys_sit_at_cache_relative_positions_in_a_batch(tiny_lm):
     keys = rows.cache.layers[0].keys[:1, :, : kept.numel()]
     assert rows.cache.layers[0].keys.shape[2] == len(ids)  # the full row sets the width
     _check_rerotated(tiny_lm, ids, keys, kept)
-
-
-@pytest.fixture(scope="module")
-def gpt2_lm(tmp_path_factory, tokenizer_dir):
-    """A tiny random GPT-2 (learned positions, no RoPE) with the real tokenizer."""
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    import semviz
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = GPT2Config(
-        vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=128,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    out = tmp_path_factory.mktemp("tiny-gpt2")
-    GPT2LMHeadModel(cfg).eval().save_pretrained(out)
-    tok.save_pretrained(out)
-    return semviz.load_model(str(out), dtype="float32", device="cpu")
-
-
-def test_eviction_runs_on_gpt2_and_rerotation_refuses_it(gpt2_lm):
-    """GPT-2's learned positions: eviction works, re-rotation says so in one sentence."""
-    ids = list(range(1000, 1024))
-    rows = ev.kv_eval(gpt2_lm, ids, ["full", "window", "h2o"], (8,))
-    assert [r["tokens"] for r in rows] == [23] * 3 and rows[1]["mean_cache_len"] <= 8
-    policy = ev.make_policy("streaming", budget=8, rerotate=True)
-    with pytest.raises(ValueError, match=r"^Key re-rotation needs rotary position embeddings"):
-        ev.kv_eval(gpt2_lm, ids, [policy])
-    settings = DecodeSettings(chat=False)
-    with pytest.raises(ValueError, match="GPT2LMHeadModel has none: turn re-rotation off"):
-        Decoder(gpt2_lm, "Hello", settings=settings, eviction=policy)
