@@ -1,11 +1,9 @@
 """Compare: two settings on the sidebar's prompt and seed, side by side on one step axis.
 
 Each side is a spec as in ``python -m semviz compare`` (a preset, ``plain``, or
-``key=value`` overrides). Both sides decode in short ticks, so Stop answers within a tick and
-keeps every token made so far.
+``key=value`` overrides). ``semviz.compare.advance`` decodes both sides, as rows of one
+forward, in short ticks, so Stop answers within a tick and keeps every token made so far.
 """
-
-import time
 
 import pandas as pd
 import streamlit as st
@@ -50,20 +48,20 @@ def _start() -> None:
         ]
         if ctx.lm is None:
             raise ValueError("the model is not loaded")
-        steps = int(st.session_state["cmp_steps"])
-        t0 = time.perf_counter()
-        first = cmp.compare(
-            ctx.lm, settings.prompt, sides, steps=steps, seed=int(settings.seed),
-            chat=settings.chat, should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
+        res = cmp.start(
+            ctx.lm, settings.prompt, sides, steps=int(st.session_state["cmp_steps"]),
+            seed=int(settings.seed), chat=settings.chat,
         )  # fmt: skip
-        done = all(d.done for d in first.extra["decoders"])
-        job.update(result=first, target=steps, running=first.steps < steps and not done)
     except Exception as exc:  # shown above the results; nothing else is touched
         job.update(error=message(exc), running=False)
+        return
+    job.update(result=res, running=True)
 
 
 def _stop() -> None:
     job["running"] = False
+    if job.get("result") is not None and not job["result"].finished:
+        job["result"].stopped = True
 
 
 b1, b2, _ = st.columns([1, 1, 4])
@@ -72,42 +70,30 @@ b2.button("Stop", key="cmp_stop", on_click=_stop, disabled=not job["running"])
 if job.get("error"):
     st.error(job["error"], icon="⚠️")
 
-
-def _tick() -> None:
-    res = job["result"]
-    left = job["target"] - res.steps
-    decs = res.extra["decoders"]
-    if left <= 0 or all(d.done for d in decs):
-        job["running"] = False
-        return
-    t0 = time.perf_counter()
-    job["result"] = cmp.compare(
-        ctx.lm, res.prompt, res.sides, steps=left, seed=res.seed, decoders=decs,
-        should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
-    )  # fmt: skip
-    r = job["result"]
-    if r.steps >= job["target"] or all(d.done for d in decs):
-        job["running"] = False
+ticking = job["running"]
 
 
-@st.fragment(run_every=TICK_EVERY if job["running"] else None)
+@st.fragment(run_every=TICK_EVERY if ticking else None)
 def results() -> None:
+    res = job.get("result")
     if job["running"]:
         try:
-            _tick()
+            cmp.advance(res, seconds=TICK_SECONDS)
         except Exception as exc:
             job.update(error=message(exc), running=False)
-        if not job["running"]:
-            st.rerun()
-    res = job.get("result")
+        if res.finished:
+            job["running"] = False
+            res.release()
+    if ticking and not job["running"]:
+        st.rerun()  # done or stopped: redraw once, without the timer, the buttons updated
     if res is None:
         st.info("Press **Run both** to decode both sides on the sidebar's prompt.")
         return
-    state = "running…" if job["running"] else ("stopped" if res.steps < job["target"] else "done")
+    state = "running…" if job["running"] else ("stopped" if res.stopped else "done")
     fd = res.first_divergence()
-    st.progress(min(res.steps / max(job["target"], 1), 1.0))
+    st.progress(min(res.steps / max(res.target, 1), 1.0))
     st.caption(
-        f"{res.steps} of {job['target']} tokens per side · {state} · first divergence: "
+        f"{res.steps} of {res.target} tokens per side · {state} · first divergence: "
         + ("none" if fd is None else f"step {fd}")
     )
     texts = [[s.token_text for s in t.steps] for t in res.traces]

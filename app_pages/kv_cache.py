@@ -1,14 +1,44 @@
-"""KV cache: what the policy kept and evicted, cache bytes per step, quality vs budget."""
+"""KV cache: what the policy kept and evicted, cache bytes per step, quality vs budget.
 
+kv-eval runs in a fragment that advances the evaluation for about ``TICK_SECONDS`` per rerun,
+so the page shows progress and the time left, and its Stop answers within a tick and keeps
+the rows scored so far ("stopped after N of M tokens").
+"""
+
+import time
+
+import pandas as pd
 import streamlit as st
 
 from semviz import charts
-from ui import analysis, kv, page
+from semviz.decoding import encode_prompt
+from semviz.eviction import POLICIES, KVEval, parse_budgets, teacher_forced_ids
+from semviz.forward import kv_bytes_per_token
+from ui import page
+from ui.errors import message
+
+TICK_SECONDS = 0.4
+TICK_EVERY = 0.5
+COLUMNS = {  # row key → (column title, number format)
+    "policy": ("policy", None),
+    "budget": ("budget", None),
+    "tokens": ("tokens", "%d"),
+    "ppl": ("ppl", "%.2f"),
+    "top1_agree": ("top-1 vs full", "%.3f"),
+    "kl": ("KL(full ‖ policy)", "%.4f"),
+    "peak_kib": ("peak KiB", "%.0f"),
+    "mean_cache_len": ("mean entries", "%.1f"),
+    "evicted_mass": ("evicted mass", "%.4f"),
+    "regret_est": ("regret (est.)", "%.4f"),
+    "tokens_per_s": ("tok/s", "%.1f"),
+}
 
 ctx = page.context("KV cache")
+sess = ctx.sess
 tr = ctx.trace
+job = sess.extra.setdefault("kv_eval", {"running": False})
+
 if page.need_trace(ctx):
-    dec = ctx.decoder
     ev = tr.settings.get("eviction") if isinstance(tr.settings, dict) else None
     st.caption(
         f"Policy of this run: **{ev['policy']}**, budget {ev.get('budget')}"
@@ -20,8 +50,7 @@ if page.need_trace(ctx):
     st.subheader("Eviction timeline: steps × original positions")
     st.plotly_chart(charts.kv_timeline_figure(tr.steps, n_positions=n_pos), key="kv_timeline")
     st.subheader("Cache size per step")
-    el = dec.lm.dtype.itemsize if hasattr(dec.lm.dtype, "itemsize") else 4
-    bpt = analysis.bytes_per_token(tr.model, el)
+    bpt = kv_bytes_per_token(tr.model)
     st.plotly_chart(
         charts.cache_bytes_figure(tr.steps, bytes_per_token=bpt, prompt_len=len(tr.prompt_ids)),
         key="kv_bytes",
@@ -34,60 +63,121 @@ if page.need_trace(ctx):
 
 st.divider()
 st.subheader("Quality vs budget (kv-eval)")
-fn = kv.kv_eval_function()
-if fn is None:
-    st.info("kv-eval is not available in this build.")
-elif ctx.lm is None:
+
+
+def _start() -> None:
+    """The form's callback: build the evaluation; the fragment below runs it."""
+    job.update(error=None, stopped=False, running=False)
+    try:
+        pols = list(st.session_state["kve_policies"])
+        if not pols:
+            raise ValueError("pick at least one policy")
+        budgets = parse_budgets(st.session_state["kve_budgets"])
+        if ctx.lm is None:
+            raise ValueError("the model is not loaded")
+        base = tr.prompt_ids + tr.token_ids if ctx.steps else []
+        if not base:
+            base = encode_prompt(ctx.lm, ctx.settings.prompt or "hello", ctx.settings.chat)
+        ids = teacher_forced_ids(ctx.lm, base, int(st.session_state["kve_tokens"]), repeat=True)
+        run = KVEval(ctx.lm, ids, ["full", *pols], budgets)
+    except Exception as exc:  # one line above the results; the last result is kept
+        job["error"] = message(exc)
+        return
+    job.update(run=run, running=True, elapsed=0.0)
+    sess.kv_eval = None
+
+
+def _stop() -> None:
+    job.update(running=False, stopped=True)
+
+
+if ctx.lm is None:
     st.info("Load a model to run kv-eval.")
 else:
-    names = [n for n in kv.policy_names() if n not in ("none", "full")]
+    names = [n for n in POLICIES if n != "full"]
     with st.form("kv_eval_form"):
         c1, c2, c3 = st.columns([3, 2, 1])
-        pols = c1.multiselect("Policies", names, default=names[:2], key="kve_policies")
-        budgets_text = c2.text_input("Budgets (tokens or fractions)", "16, 32", key="kve_budgets")
-        n_tok = c3.number_input("Tokens", 16, 2048, 64, step=16, key="kve_tokens")
-        go = st.form_submit_button("Run kv-eval", type="primary")
-    st.caption(
-        "Teacher-forced on the current run's text (prompt + generated, or the prompt repeated): "
-        "each policy's next-token distributions are compared with the full cache's."
-    )
-    if go:
-        sess = ctx.sess
-        try:
-            budgets = [
-                float(b) if "." in b else int(b)
-                for b in budgets_text.replace(" ", "").split(",")
-                if b
-            ]
-            if not budgets or not pols:
-                raise ValueError("pick at least one policy and one budget")
-        except ValueError as exc:
-            st.error(f"Settings not accepted: {exc}", icon="⚠️")
-        else:
-            base = tr.prompt_ids + tr.token_ids if ctx.steps else []
-            if not base:
-                from semviz.decoding import encode_prompt
-
-                base = encode_prompt(ctx.lm, ctx.settings.prompt or "hello", ctx.settings.chat)
-            ids = (base * (int(n_tok) // max(len(base), 1) + 1))[: int(n_tok)]
-            bar = st.progress(0.0, text="kv-eval: starting…")
-
-            def progress(done: int, total: int, label: str) -> None:
-                bar.progress(
-                    min(done / max(total, 1), 1.0), text=f"kv-eval: {label} ({done}/{total})"
-                )
-
-            try:
-                rows = fn(ctx.lm, ids, ["full", *pols], budgets, on_progress=progress)
-                sess.kv_eval = rows
-                bar.progress(1.0, text="kv-eval: done")
-            except Exception as exc:  # one line, the page stays usable
-                st.error(f"kv-eval failed: {exc}", icon="⚠️")
-    rows = ctx.sess.kv_eval
-    if rows:
-        metric = st.segmented_control(
-            "Metric", ["kl", "top1_agree", "ppl", "evicted_mass"], default="kl", key="kve_metric"
+        c1.multiselect("Policies", names, default=names[:2], key="kve_policies")
+        c2.text_input("Budgets (tokens or fractions)", "16, 32", key="kve_budgets")
+        c3.number_input("Tokens", 16, 2048, 64, step=16, key="kve_tokens")
+        st.form_submit_button(
+            "Run kv-eval", type="primary", on_click=_start, disabled=job["running"]
         )
-        sub = [r for r in rows if r.get("budget") is not None]
-        st.plotly_chart(charts.kv_eval_figure(sub, ys=[metric or "kl"]), key="kv_eval")
-        st.dataframe(rows, hide_index=True)
+    st.caption(
+        "Teacher-forced on the current run's text (prompt + generated, repeated to the length): "
+        "every policy and budget is a row of one batch, and each row's next-token "
+        "distributions are compared with the full cache's (one prefill)."
+    )
+    if job.get("error"):
+        st.error(job["error"], icon="⚠️")
+
+
+def _tick() -> None:
+    """Advance the evaluation for about ``TICK_SECONDS``; keep its rows in the session."""
+    run = job["run"]
+    t0 = time.perf_counter()
+    while not run.finished and time.perf_counter() - t0 < TICK_SECONDS:
+        reference = not run.ref.done
+        t1 = time.perf_counter()
+        run.step()
+        if not reference:  # the time left is estimated from the per-token forwards
+            job["elapsed"] += time.perf_counter() - t1
+    sess.kv_eval = run.rows()
+    if run.finished:
+        job["running"] = False
+
+
+def _status(run: KVEval) -> str:
+    done, total = run.done, run.total
+    if job["running"]:
+        left = ""
+        if done:
+            secs = job["elapsed"] / done * (total - done)
+            left = (
+                f" · about {secs:.0f} s left"
+                if secs < 120
+                else f" · about {secs / 60:.0f} min left"
+            )
+        return f"kv-eval: {run.label()} · {done} of {total} tokens{left}"
+    if job.get("stopped") and not run.finished:
+        return f"kv-eval stopped after {done} of {total} tokens: the rows score the tokens read."
+    return f"kv-eval done: {total} tokens."
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    df["budget"] = df["budget"].map(lambda b: "-" if b is None else str(b))
+    df["peak_kib"] = df["peak_cache_bytes"] / 1024
+    return df[list(COLUMNS)].rename(columns={k: v[0] for k, v in COLUMNS.items()})
+
+
+ticking = job["running"]
+
+
+@st.fragment(run_every=TICK_EVERY if ticking else None)
+def results() -> None:
+    if job["running"]:
+        try:
+            _tick()
+        except Exception as exc:  # one line; the rows so far stay
+            job.update(error=message(exc), running=False)
+    if ticking and not job["running"]:
+        st.rerun()  # done or stopped: redraw once, without the timer, the form enabled again
+    run = job.get("run")
+    if run is not None:
+        st.progress(min(run.done / max(run.total, 1), 1.0), text=_status(run))
+        if job["running"]:
+            st.button("Stop", key="kve_stop", on_click=_stop)
+    rows = sess.kv_eval
+    if not rows:
+        return
+    metric = st.segmented_control(
+        "Metric", ["kl", "top1_agree", "ppl", "evicted_mass"], default="kl", key="kve_metric"
+    )
+    sub = [r for r in rows if r.get("budget") is not None]
+    st.plotly_chart(charts.kv_eval_figure(sub, ys=[metric or "kl"]), key="kv_eval")
+    config = {v[0]: st.column_config.NumberColumn(format=v[1]) for v in COLUMNS.values() if v[1]}
+    st.dataframe(_table(rows), hide_index=True, width="stretch", column_config=config)
+
+
+results()

@@ -7,7 +7,8 @@ import streamlit as st
 
 from semviz import charts, style
 from semviz.decoding import encode_prompt
-from ui import analysis, page, views
+from semviz.forward import kv_bytes_per_token, prefill_scan
+from ui import page, views
 from ui.errors import guard
 
 ctx = page.context("Pipeline")
@@ -59,7 +60,7 @@ else:
 
 st.subheader("3 · KV cache size: formula vs measured")
 el = lm.dtype.itemsize
-bpt = analysis.bytes_per_token(summary, el)
+bpt = kv_bytes_per_token(summary)
 st.latex(
     rf"2 \cdot {summary['num_layers']}\,\text{{layers}} \cdot {summary['num_kv_heads']}\,"
     rf"\text{{kv heads}} \cdot {summary['head_dim']}\,\text{{head dim}} \cdot {el}\,"
@@ -89,7 +90,7 @@ if st.button(
         bar.progress(done / total, text=f"measuring… {done}/{total}")
 
     with guard("measuring prefill"):
-        ctx.sess.prefill_scan = analysis.prefill_scan(lm, lengths, on_progress=tick)
+        ctx.sess.prefill_scan = prefill_scan(lm, lengths, on_progress=tick)
         bar.empty()
 if ctx.sess.prefill_scan:
     n, s = ctx.sess.prefill_scan

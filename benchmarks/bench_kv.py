@@ -27,12 +27,12 @@ def measure(lm, ids: list[int], policy_name: str, budget, at: int, steps: int, w
 
     policy = ev.make_policy(policy_name, budget=budget)
     secs, lengths = [], []
-    for i, (_pos, _lg, event, sec) in enumerate(
-        ev.teacher_force(lm, ids[: at + warmup + steps], policy, prefill=at)
+    for i, step in enumerate(
+        ev.teacher_force(lm, ids[: at + warmup + steps], [policy], prefill=at)
     ):
         if i > warmup:  # 0 is the prefill
-            secs.append(sec)
-            lengths.append(int(event["lengths"].max()))
+            secs.append(step.seconds + step.policy_seconds[0])
+            lengths.append(int(step.events[0]["lengths"].max()))
     return statistics.median(secs), statistics.median(lengths)
 
 

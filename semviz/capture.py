@@ -3,9 +3,11 @@
 transformers looks attention functions up by name in ``AttentionInterface``. semviz registers
 one, ``"semviz_sdpa"``, that runs the stock sdpa kernel and, only when the caller passes a
 ``semviz_sink`` keyword to ``model(...)``, also computes the last query row's softmax(q·Kᵀ·scale)
-for each layer and stores it in that sink. Nothing else changes: without a sink it is exactly
-sdpa. The sink is per call, so two sessions sharing one model never see each other's capture,
-and no hook is ever left registered on the model.
+for each layer and stores it in that sink. A ``semviz_masks`` keyword (one boolean mask per
+layer, or None) replaces the model's mask where rows of a batch hold padded caches
+(``semviz.forward.KVRows``). Nothing else changes: without either keyword it is exactly sdpa.
+The sink is per call, so two sessions sharing one model never see each other's capture, and
+no hook is ever left registered on the model.
 
 The full N×N attention is never formed: at prefill only the last row is computed, which is
 O(H·N·D) per layer instead of O(H·N²).
@@ -37,16 +39,24 @@ class AttentionSink:
 
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def stacked(self) -> torch.Tensor:
+    def stacked(self, *, align: str = "right") -> torch.Tensor:
         """All layers as one (L, B, H, S) float32 tensor, layer order.
 
-        A shorter row is a sliding-window layer under transformers' own cache (in
-        ``generate``), which holds only the window's most recent keys: it is right-aligned,
-        with zeros for the positions before its window.
+        Layers may hold different numbers of cached keys, S is the longest, and a shorter
+        layer's row is zero-padded:
+
+        - ``align="right"``: a sliding-window layer under transformers' own cache (in
+          ``generate``) holds only the window's most recent keys, so its row is right-aligned,
+          zeros standing for the positions before its window;
+        - ``align="left"``: under eviction each layer keeps its own entries packed from slot 0
+          (``semviz.forward.KVRows``), so its row is zero beyond its own length.
         """
+        if align not in ("left", "right"):
+            raise ValueError(f"align must be 'left' or 'right', got {align!r}")
         rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, S_l)
         s = max(r.shape[-1] for r in rows)
-        return torch.stack([torch.nn.functional.pad(r, (s - r.shape[-1], 0)) for r in rows])
+        pad = (lambda n: (0, n)) if align == "left" else (lambda n: (n, 0))
+        return torch.stack([torch.nn.functional.pad(r, pad(s - r.shape[-1])) for r in rows])
 
 
 def last_query_attention(
@@ -86,6 +96,11 @@ def last_query_attention(
 
 def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
     sink: AttentionSink | None = kwargs.pop("semviz_sink", None)
+    masks = kwargs.pop("semviz_masks", None)
+    if masks is not None and masks[module.layer_idx] is not None:
+        # rows of a batch hold different cache entries: this layer's own (B, 1, T, S) mask
+        # (semviz.forward.KVRows.masks) says which keys each query sees, padding hidden
+        attention_mask = masks[module.layer_idx].to(query.device)
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if sink is not None:
         scaling = kwargs.get("scaling")

@@ -11,10 +11,16 @@ written as short specs so the CLI, the app and the docs share one syntax::
     "gravity_layers=0/1/2"           tuples use '/'; booleans are on/off
 
 All sides are decoded by their own :class:`~semviz.decoding.Decoder` over the one shared
-model, interleaved one token at a time, so a stop request leaves every side at the same
-length and both see the same machine load for the tokens/s figure. Each decoder draws from
-its own generator seeded with the same seed: where the kept sets agree the draws agree, so
-the first divergence is caused by the settings.
+model, one token at a time for every side, so a stop request leaves every side at the same
+length and both see the same machine load for the tokens/s figure. The sides share the
+prompt, the model and the chat template, and none evicts, so each token's forward runs them as
+rows of one batch (:func:`~semviz.decoding.step_together`); a row's logits equal its own
+forward's to float rounding. Each decoder draws from its own generator seeded with the same
+seed: where the kept sets agree the draws agree, so the first divergence is caused by the
+settings.
+
+:func:`start` builds a comparison (the prompt read once per side), :func:`advance` decodes
+more of it (until done, a time budget or a stop request) and :func:`compare` does both.
 
 Examples
 --------
@@ -31,6 +37,7 @@ from __future__ import annotations
 import difflib
 import html
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,12 +50,14 @@ from semviz.trace import StepRecord, Trace
 __all__ = [
     "Comparison",
     "Side",
+    "advance",
     "compare",
     "comparison_figure",
     "diff_html",
     "first_divergence",
     "markdown_table",
     "parse_side",
+    "start",
     "text_diff",
 ]
 
@@ -143,18 +152,37 @@ def diff_html(a: Sequence[str], b: Sequence[str]) -> tuple[str, str]:
 
 @dataclass
 class Comparison:
-    """Sides decoded on one prompt and seed."""
+    """Sides decoded on one prompt and seed.
+
+    Attributes
+    ----------
+    target : tokens asked for per side
+    stopped : a stop request ended the decoding before every side was done
+    decoders : one per side while the comparison can go on (:func:`advance`); empty after
+        :meth:`release`
+    """
 
     prompt: str
     seed: int
     sides: list[Side]
     traces: list[Trace]
     stopped: bool = False
+    target: int = 0
     extra: dict = field(default_factory=dict)
+    decoders: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def steps(self) -> int:
         return min((len(t.steps) for t in self.traces), default=0)
+
+    @property
+    def finished(self) -> bool:
+        """Every side is done: ``target`` tokens, or its own stop (EOS, a stop string)."""
+        return all(d.done for d in self.decoders)
+
+    def release(self) -> None:
+        """Drop the decoders (their caches) once no more tokens are wanted."""
+        self.decoders = []
 
     def metrics(self) -> list[RunMetrics]:
         return [run_metrics(t) for t in self.traces]
@@ -208,6 +236,80 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
+def start(
+    lm,
+    prompt: str,
+    sides: Sequence[Side],
+    *,
+    steps: int = 64,
+    seed: int = 0,
+    chat: bool | None = None,
+    capture: bool = False,
+) -> Comparison:
+    """A comparison of ``sides`` on ``prompt``, each side's prompt read, no token decoded yet.
+
+    Parameters
+    ----------
+    lm : the shared ``LoadedModel``
+    sides : two or more :class:`Side` (one works too)
+    steps : tokens to decode per side
+    capture : record attention (not needed for the metrics; gravity turns it on when needed)
+    """
+    from semviz.decoding import Decoder, DecodeSettings
+
+    if not sides:
+        raise ValueError("compare needs at least one side")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    settings = DecodeSettings(seed=seed, max_new_tokens=steps, chat=chat, capture=capture)
+    decoders = [Decoder(lm, prompt, s.params, settings) for s in sides]
+    return Comparison(
+        prompt=prompt,
+        seed=seed,
+        sides=list(sides),
+        traces=[d.trace for d in decoders],
+        target=steps,
+        decoders=decoders,
+    )
+
+
+def advance(
+    cmp: Comparison,
+    *,
+    seconds: float | None = None,
+    on_step: Callable[[int, StepRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> int:
+    """Decode one token per side at a time, every side in one forward, until all are done.
+
+    Parameters
+    ----------
+    seconds : return after about this long (at least one token), to be called again
+    on_step : called as ``on_step(side_index, record)`` after every token
+    should_stop : polled before every token; True stops all sides where they are and marks
+        the comparison ``stopped``
+
+    Returns
+    -------
+    How many tokens each side advanced.
+    """
+    from semviz.decoding import step_together
+
+    t0 = time.perf_counter()
+    made = 0
+    while not cmp.finished:
+        if should_stop is not None and should_stop():
+            cmp.stopped = True
+            break
+        for i, rec in enumerate(step_together(cmp.decoders)):
+            if rec is not None and on_step is not None:
+                on_step(i, rec)
+        made += 1
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
+    return made
+
+
 def compare(
     lm,
     prompt: str,
@@ -219,51 +321,11 @@ def compare(
     capture: bool = False,
     on_step: Callable[[int, StepRecord], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    decoders: list | None = None,
 ) -> Comparison:
-    """Decode ``steps`` tokens for every side, interleaved; stop early keeps what was made.
-
-    Parameters
-    ----------
-    lm : the shared ``LoadedModel``
-    sides : two or more :class:`Side` (one works too)
-    capture : record attention (not needed for the metrics; gravity turns it on when needed)
-    on_step : called as ``on_step(side_index, record)`` after every token
-    should_stop : polled before every token; True stops all sides where they are
-    decoders : continue these decoders (one per side) instead of starting new ones
-
-    Returns
-    -------
-    Comparison with one trace per side; ``stopped`` is True when ``should_stop`` ended it.
-    """
-    from semviz.decoding import Decoder, DecodeSettings
-
-    if not sides:
-        raise ValueError("compare needs at least one side")
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    if decoders is None:
-        settings = DecodeSettings(seed=seed, max_new_tokens=steps, chat=chat, capture=capture)
-        decoders = [Decoder(lm, prompt, s.params, settings) for s in sides]
-    stopped = False
-    for _ in range(steps):
-        if all(d.done for d in decoders):
-            break
-        if should_stop is not None and should_stop():
-            stopped = True
-            break
-        for i, d in enumerate(decoders):
-            rec = d.step()
-            if rec is not None and on_step is not None:
-                on_step(i, rec)
-    cmp = Comparison(
-        prompt=prompt,
-        seed=seed,
-        sides=list(sides),
-        traces=[d.trace for d in decoders],
-        stopped=stopped,
-    )
-    cmp.extra["decoders"] = decoders
+    """Decode ``steps`` tokens for every side (:func:`start`, then :func:`advance`); a stop
+    request keeps what was made. ``cmp.stopped`` is True when ``should_stop`` ended it."""
+    cmp = start(lm, prompt, sides, steps=steps, seed=seed, chat=chat, capture=capture)
+    advance(cmp, on_step=on_step, should_stop=should_stop)
     return cmp
 
 

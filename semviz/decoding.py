@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from semviz import gravity, sampling
-from semviz.capture import AttentionSink, enable_capture
+from semviz.capture import enable_capture
+from semviz.forward import Forward, KVRows, cache_nbytes, forward
 from semviz.model import LoadedModel
 from semviz.trace import StepRecord, Trace
 
@@ -79,16 +79,6 @@ def encode_prompt(
             f"{lm.max_context:,}: shorten it."
         )
     return list(ids)
-
-
-def cache_nbytes(cache: DynamicCache) -> int:
-    """Bytes held by the cache's key and value tensors."""
-    n = 0
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                n += t.numel() * t.element_size()
-    return n
 
 
 @dataclass
@@ -184,6 +174,7 @@ class Decoder:
         self.done = False
         self.stop_reason: str | None = None
         self._snapshots: list[_Snapshot] = []
+        self._rows: _SharedRows | None = None  # the batch this decoder last stepped in
         tokens = [self.lm.tokenizer.decode([i]) for i in self.prompt_ids]
         self.trace = Trace(
             settings={"params": self.params.to_dict(), **self.settings.to_dict()},
@@ -204,23 +195,33 @@ class Decoder:
     def n_steps(self) -> int:
         return len(self.trace.steps)
 
-    def _forward(self, token_ids: list[int], positions: list[int]) -> _Forward:
-        """Run the model on new tokens with this decoder's cache; capture the last query."""
-        model = self.lm.model
+    def _forward(
+        self,
+        token_ids: list[int],
+        positions: list[int],
+        *,
+        shared: tuple[Forward, int] | None = None,
+    ) -> _Forward:
+        """Run the model on new tokens with this decoder's cache; capture the last query.
+
+        ``shared`` is ``(forward, row)`` when the model already ran this decoder as a row of
+        a batch (:func:`step_together`): only this row's head is left to compute, and the
+        row's share of the batch's time counts as its forward time.
+        """
         dev = self._on_device
-        ids = torch.tensor([token_ids], dtype=torch.long, device=dev)  # (1, T)
-        pos = torch.tensor([positions], dtype=torch.long, device=dev)  # (1, T)
-        sink = AttentionSink() if self.settings.capture or self._needs_attention() else None
-        kw = {"semviz_sink": sink} if sink is not None else {}
+        capture = self.settings.capture or self._needs_attention()
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.get_decoder()(
-                input_ids=ids, position_ids=pos, cache=self.cache, use_cache=True, **kw
-            )
-            h = out.last_hidden_state[0]  # (T, d)
+        if shared is None:
+            ids = torch.tensor([token_ids], dtype=torch.long, device=dev)  # (1, T)
+            pos = torch.tensor([positions], dtype=torch.long, device=dev)  # (1, T)
+            out, row, share = forward(self.lm.model, ids, pos, self.cache, capture=capture), 0, 0.0
+        else:
+            out, row = shared
+            share = out.seconds / out.hidden.shape[0]
+        h = out.hidden[row]  # (T, d)
         new = torch.tensor(positions, dtype=torch.long)
         self.positions = [torch.cat([p, new]) for p in self.positions]
-        attn = _stack_layers(sink) if sink is not None and sink.rows else None  # (L, H, S)
+        attn = out.attention[:, row] if capture and out.attention is not None else None  # (L, H, S)
         with torch.inference_mode():
             logits, g, t_sem = self._head(h, attn)  # (V,), (V,) or None
         if dev.type == "cuda":
@@ -230,7 +231,7 @@ class Decoder:
             hidden=h.float(),
             attention=attn,
             positions=list(self.positions),
-            seconds=time.perf_counter() - t0 - t_sem,
+            seconds=time.perf_counter() - t0 - t_sem + share,
             gravity=g,
             semviz_seconds=t_sem,
         )
@@ -590,13 +591,72 @@ def top_candidates(
     return ids, float(torch.logsumexp(logits[~member], 0))
 
 
-def _stack_layers(sink: AttentionSink) -> torch.Tensor:
-    """(L, H, S) from a sink whose layers may hold different numbers of positions."""
-    rows = [sink.rows[i][0] for i in sorted(sink.rows)]  # each (H, S_l)
-    s = max(r.shape[-1] for r in rows)
-    if all(r.shape[-1] == s for r in rows):
-        return torch.stack(rows)
-    out = rows[0].new_zeros(len(rows), rows[0].shape[0], s)
-    for i, r in enumerate(rows):
-        out[i, :, : r.shape[-1]] = r
-    return out
+def step_together(decoders: Sequence[Decoder]) -> list[StepRecord | None]:
+    """One ``step()`` of every decoder; forwards that can be shared run as rows of one batch.
+
+    Decoders share a forward when they read with the same model, keep their full cache (no
+    eviction) and stand at the same position: their caches then hold the same positions, so
+    the batch needs no padding. Each row's logits equal those of its own forward up to float
+    rounding (``tests/reports/test_compare.py``). Any other decoder steps alone.
+
+    Returns what each ``step()`` returned (None for a decoder that is done).
+    """
+    groups: dict[tuple, list[Decoder]] = {}
+    for d in decoders:
+        if not d.done and d._pending is None and d.eviction is None:
+            groups.setdefault((id(d.lm), len(d.ids)), []).append(d)
+    for group in groups.values():
+        if len(group) > 1:
+            _feed_together(group)
+    return [d.step() for d in decoders]
+
+
+def _feed_together(group: list[Decoder]) -> None:
+    """Feed each decoder's pending token as one batched forward; leave each its ``_pending``."""
+    rows = group[0]._rows
+    if rows is None or not rows.serves(group):
+        rows = _SharedRows(group)
+    n = len(group[0].ids)
+    dev = group[0]._on_device
+    ids = torch.tensor([[d.ids[-1]] for d in group], dtype=torch.long, device=dev)  # (B, 1)
+    pos = torch.full((len(group), 1), n - 1, dtype=torch.long, device=dev)  # (B, 1)
+    capture = any(d.settings.capture or d._needs_attention() for d in group)
+    masks = rows.kv.masks(1)  # None: the rows hold the same positions
+    out = forward(group[0].lm.model, ids, pos, rows.kv.cache, capture=capture, masks=masks)
+    rows.kv.append(torch.tensor([n - 1]))
+    rows.lend()
+    for r, d in enumerate(group):
+        d._pending = d._forward([d.ids[-1]], [n - 1], shared=(out, r))
+        d._after_forward(d._pending)
+
+
+class _SharedRows:
+    """One cache for decoders stepped together (row ``r`` is decoder ``r``'s).
+
+    Each decoder's own cache layers are views of its row (:meth:`lend`), so its recorded
+    bytes stay its own and it can go on stepping alone; a decoder that did (or rewound) no
+    longer holds the views, and the group is rebuilt from the decoders' caches.
+    """
+
+    def __init__(self, group: list[Decoder]) -> None:
+        self.members = list(group)
+        self.kv = KVRows.stack([d.cache for d in group], [d.positions for d in group])
+        self._views: list[torch.Tensor] = []
+        self.lend()
+        for d in group:
+            d._rows = self
+
+    def lend(self) -> None:
+        """Point every member's cache layers at its row of the shared cache."""
+        self._views = []
+        for r, d in enumerate(self.members):
+            for mine, lay in zip(d.cache.layers, self.kv.cache.layers, strict=True):
+                mine.keys, mine.values = lay.keys[r : r + 1], lay.values[r : r + 1]
+            self._views.append(d.cache.layers[0].keys)
+
+    def serves(self, group: list[Decoder]) -> bool:
+        """True when ``group`` is this one and every member still reads its row."""
+        return len(group) == len(self.members) and all(
+            d is m and d.cache.layers[0].keys is v
+            for d, m, v in zip(group, self.members, self._views, strict=True)
+        )

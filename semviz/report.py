@@ -24,6 +24,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import json
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from semviz import charts, files, style
+from semviz.forward import kv_bytes_per_token
 from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.replay import WhatIf
 from semviz.sampling import PruneParams
@@ -269,8 +271,8 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
     m = trace.model
     bpt = None
     if all(k in m for k in ("num_layers", "num_kv_heads", "head_dim")):
-        nbytes = 2 if m.get("dtype") in ("bfloat16", "float16") else 4
-        bpt = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * nbytes
+        with contextlib.suppress(ValueError):  # a dtype this torch does not know: no formula
+            bpt = kv_bytes_per_token(m)
     out.append(View(
         "cache_bytes", "KV cache size per step",
         "Measured bytes held by the cache, against the formula for a full cache.",

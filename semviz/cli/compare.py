@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                     lm, prompt, sides, steps=args.steps, seed=args.seed, chat=args.chat,
                     on_step=lambda i, rec: bar.update(1), should_stop=lambda: stop["flag"],
                 )  # fmt: skip
-                c.extra.pop("decoders", None)
+                c.release()  # the tables need the traces, not the caches
                 results.append(c)
     finally:
         signal.signal(signal.SIGINT, old)

@@ -1,8 +1,8 @@
 """``python -m semviz kv-eval``: teacher-forced quality of KV-cache eviction policies.
 
-Runs the text once with the full cache and once per (policy, budget) with eviction live, one
-token per forward, and prints perplexity, top-1 agreement and KL divergence against the full
-cache, peak cache bytes and tokens/s.
+Reads the text once with the full cache (one prefill) and once with every (policy, budget) as
+a row of one batch, eviction live, one token per forward, and prints perplexity, top-1
+agreement and KL divergence against the full cache, peak cache bytes and tokens/s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 from semviz.cli.common import add_model_args, int_arg, print_json, progress_bar
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
-ALL_POLICIES = "full,window,streaming,h2o,tova,ema,gravity"
 MAX_TEXT_BYTES = 64 << 20  # never read more of --text than this, whatever --tokens asks
 
 
@@ -24,9 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "kv-eval",
         help="measure KV-cache eviction policies against the full cache",
         description=(
-            "Teacher-force a text through the model once per policy with eviction live and "
-            "report perplexity, top-1 agreement and KL divergence from the full cache's "
-            "next-token distribution, peak cache bytes and tokens/s."
+            "Teacher-force a text through the model with every policy as a row of one batch, "
+            "eviction live, and report perplexity, top-1 agreement and KL divergence from the "
+            "full cache's next-token distribution, peak cache bytes and tokens/s."
         ),
     )
     add_model_args(p)
@@ -54,7 +53,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=None,
         help="comma-separated budgets to sweep (overrides --budget), e.g. 64,128,256",
     )
-    p.add_argument("--policies", default=ALL_POLICIES, help=f"comma-separated ({ALL_POLICIES})")
+    p.add_argument(
+        "--policies",
+        default="all",
+        help="comma-separated policy names, or all (every policy semviz.eviction registers: "
+        "full is the reference, the others are evaluated against it)",
+    )
     p.add_argument(
         "--prefill", type=int_arg(1), default=1,
         help="tokens in the first forward (then one at a time); fewer than --tokens",
@@ -95,21 +99,19 @@ def run(args: argparse.Namespace) -> int:
     from semviz import files
     from semviz.cli import UserError
     from semviz.cli.common import load
-    from semviz.eviction import POLICIES, kv_eval, parse_budget
+    from semviz.eviction import POLICIES, kv_eval, parse_budgets, teacher_forced_ids
 
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    if policies == ["all"]:
+        policies = list(POLICIES)
     unknown = [p for p in policies if p not in POLICIES]
     if not policies or unknown:
         raise UserError(f"--policies takes names from {', '.join(POLICIES)}; got {args.policies!r}")
-    raw = args.budgets if args.budgets else args.budget
+    flag, raw = ("--budgets", args.budgets) if args.budgets else ("--budget", args.budget)
     try:
-        budgets = [parse_budget(s.strip()) for s in raw.split(",") if s.strip()]
+        budgets = parse_budgets(raw)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if not budgets:
-        raise UserError("give at least one budget")
-    if any(isinstance(b, int) and b > 2**31 - 1 for b in budgets):
-        raise UserError(f"--budget {raw}: a budget is at most {2**31 - 1:,} tokens")
+        raise UserError(f"{flag} {raw}: {exc}") from None
     if args.prefill >= args.tokens:
         raise UserError(f"--prefill {args.prefill} must be fewer than --tokens {args.tokens}")
     path = Path(args.text) if args.text else DEFAULT_TEXT
@@ -126,12 +128,11 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     lm = load(args)
-    ids = read_ids(path, lm.tokenizer, args.tokens)
-    if len(ids) < args.tokens:
-        raise UserError(f"{path.name} has {len(ids):,} tokens, fewer than --tokens {args.tokens:,}")
-    if args.tokens > lm.max_context:
-        raise UserError(f"{lm.name} reads at most {lm.max_context:,} tokens; lower --tokens")
-    ids = ids[: args.tokens]
+    ids = read_ids(path, lm.tokenizer, args.tokens)  # bounded: reads only what it needs
+    try:
+        ids = teacher_forced_ids(lm, ids, args.tokens)
+    except ValueError as exc:
+        raise UserError(f"{path.name}: {exc} (--tokens)") from None
 
     bar = progress_bar(0, "kv-eval", enabled=not args.quiet)
 

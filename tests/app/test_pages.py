@@ -225,10 +225,37 @@ def test_kv_policy_run_and_kv_eval(app):
     app.multiselect(key="kve_policies").set_value(["window", "h2o"])
     app.text_input(key="kve_budgets").input("8, 16")
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
+    job = app.session_state["semviz"].extra["kv_eval"]
+    for _ in range(100):  # each run is one tick of the fragment
+        if not job["running"]:
+            break
+        app.run()
     assert not app.exception, app.exception
     rows = app.session_state["semviz"].kv_eval
-    assert {r["policy"] for r in rows} >= {"window", "h2o"}
+    assert [(r["policy"], r["budget"]) for r in rows] == [
+        ("full", None), ("window", 8), ("h2o", 8), ("window", 16), ("h2o", 16)
+    ]  # fmt: skip
+    assert all(r["tokens"] == 31 for r in rows)
+    assert any("kv-eval done: 32 tokens" in p.proto.text for p in app.get("progress"))
     assert any(c["data"] for c in charts(app).values())
+    assert app.dataframe[0].value.shape == (5, 11)
+    # a long run stopped from the page keeps its partial rows and says so
+    app.number_input(key="kve_tokens").set_value(512)
+    app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
+    app.run()
+    app.button(key="kve_stop").click().run()
+    assert not job["running"] and job["stopped"]
+    run = job["run"]
+    assert 0 < run.done < run.total == 512
+    rows = app.session_state["semviz"].kv_eval
+    assert [r["tokens"] for r in rows[1:]] == [run.done] * 4
+    text = [p.proto.text for p in app.get("progress")]
+    assert any(f"stopped after {run.done} of 512 tokens" in t for t in text), text
+    # a bad budget is one message; the rows stay
+    app.text_input(key="kve_budgets").input("8, lots")
+    app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
+    assert any("budget must be a number" in e.value for e in app.error)
+    assert app.session_state["semviz"].kv_eval == rows
 
 
 def test_pipeline_measures_prefill(generated):

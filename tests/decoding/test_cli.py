@@ -86,7 +86,7 @@ def _err(argv: list[str], capsys) -> tuple[int, str]:
         (["trace", "--prompt", "hi", "--top-k", str(2**70)], "argument --top-k: expected an integer"),
         (["trace", "--prompt", "hi", "--gravity-heads", "-100"], "PruneParams.gravity_heads=(-100,): indices must be >= 0"),
         (["trace", "--prompt", "hi", "--gravity-layers", "99"], "gravity_layers=(99,): the model has 2 layers"),
-        (["kv-eval", "--budget", "1e308"], "--budget 1e308: a budget is at most"),
+        (["kv-eval", "--budget", "1e308"], "--budget 1e308: budget must be at most"),
         (["kv-eval", "--prefill", "0"], "argument --prefill: expected an integer from 1"),
         (["kv-eval", "--prefill", "12", "--tokens", "12"], "--prefill 12 must be fewer than --tokens"),
         (["bench", "--prompt", ""], "--prompt is empty"),

@@ -57,22 +57,52 @@ def test_evicting_policies_hold_less(rows):
         assert r["kl"] > 0  # the tiny model's attention is wide: eviction shows up
 
 
-def test_progress_counts_every_forward(rows):
+def test_progress_counts_every_token(rows):
     _, seen = rows
-    total = N * len(ev.POLICIES)
-    assert [s[0] for s in seen] == list(range(1, total + 1))
-    assert {s[1] for s in seen} == {total} and seen[0][2] == "full"
+    # the reference prefill first, then one batched forward per token for every policy
+    assert seen[0] == (0, N, "full cache (reference)")
+    assert [s[0] for s in seen[1:]] == list(range(1, N + 1))
+    assert {s[1] for s in seen} == {N}
+    assert seen[1][2] == "window, streaming, h2o, tova, ema, gravity @ 8"
 
 
-def test_stop_keeps_finished_rows(tiny_lm, ids):
+def test_batched_rows_equal_unbatched_rows(tiny_lm, ids, rows):
+    out, _ = rows
+    alone = ev.kv_eval(tiny_lm, ids, list(ev.POLICIES), budgets=(8,), batch_size=1)
+    assert [r["policy"] for r in alone] == [r["policy"] for r in out]
+    for got, want in zip(out, alone, strict=True):
+        for key in ("tokens", "peak_cache_bytes", "mean_cache_len"):
+            assert got[key] == want[key], (got["policy"], key)
+        for key in ("ppl", "nll", "top1_agree", "kl", "evicted_mass", "regret_est"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (got["policy"], key)
+
+
+def test_full_row_comes_from_one_prefill(tiny_lm, ids, rows):
+    """The reference row equals a full cache fed one token at a time."""
+    full = rows[0][0]
+    one_by_one = ev.kv_eval(tiny_lm, ids, [ev.make_policy("full")], budgets=())[0]
+    for key in ("tokens", "peak_cache_bytes", "mean_cache_len", "top1_agree"):
+        assert full[key] == one_by_one[key], key
+    assert full["ppl"] == pytest.approx(one_by_one["ppl"], rel=1e-5)
+    assert one_by_one["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_stop_keeps_partial_rows(tiny_lm, ids):
     calls = {"n": 0}
 
     def should_stop() -> bool:
         calls["n"] += 1
-        return calls["n"] > 2 * N + 5  # the reference, one policy, then part of the next
+        return calls["n"] > 10  # the reference, then 10 tokens
 
     out = ev.kv_eval(tiny_lm, ids, ["full", "window", "h2o"], (8,), should_stop=should_stop)
-    assert [r["policy"] for r in out] == ["full", "window"]
+    assert [r["policy"] for r in out] == ["full", "window", "h2o"]
+    assert out[0]["tokens"] == N - 1  # the reference is one prefill: always whole
+    assert [r["tokens"] for r in out[1:]] == [10, 10]
+    run = ev.KVEval(tiny_lm, ids, ["window"], (8,))
+    for _ in range(4):
+        run.step()
+    assert (run.done, run.total, run.finished) == (3, N, False)
+    assert [r["tokens"] for r in run.rows()] == [3]
 
 
 def test_budget_sweep_and_ready_policies(tiny_lm, ids):
@@ -93,6 +123,33 @@ def test_budget_sweep_and_ready_policies(tiny_lm, ids):
 def test_validation(tiny_lm):
     with pytest.raises(ValueError, match="ids"):
         ev.kv_eval(tiny_lm, [1], ["window"])
+    with pytest.raises(ValueError, match="batch_size"):
+        ev.kv_eval(tiny_lm, [1, 2], ["window"], batch_size=0)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        ev.kv_eval(tiny_lm, [1, 2], ["nope"])
+
+
+def test_teacher_forced_ids(tiny_lm):
+    text = "It was the best of times, it was the worst of times."
+    ids = ev.teacher_forced_ids(tiny_lm, text, 5)
+    assert ids == tiny_lm.tokenizer(text, add_special_tokens=False)["input_ids"][:5]
+    assert ev.teacher_forced_ids(tiny_lm, [7, 8, 9], 7, repeat=True) == [7, 8, 9, 7, 8, 9, 7]
+    for args, kw, word in [
+        ((text, 500), {}, "fewer than the 500"),
+        (([7, 8], 5), {}, "fewer than"),
+        (([], 5), {"repeat": True}, "no text"),
+        ((text, 1), {}, "at least 2"),
+        ((text, 10**6), {}, "at most"),
+    ]:
+        with pytest.raises(ValueError, match=word):
+            ev.teacher_forced_ids(tiny_lm, *args, **kw)
+
+
+def test_parse_budgets():
+    assert ev.parse_budgets("64, 128 0.25") == [64, 128, 0.25]
+    for text, word in [("", "at least one"), ("8, lots", "number"), ("0", "budget")]:
+        with pytest.raises(ValueError, match=word):
+            ev.parse_budgets(text)
 
 
 def test_cli_json(tiny_dir, tmp_path, capsys):
@@ -117,6 +174,9 @@ def test_cli_table_and_user_errors(tiny_dir, tmp_path, capsys):
     base = ["kv-eval", "--model", str(tiny_dir), "--text", str(text), "--quiet"]
     assert main(base + ["--tokens", "12", "--budget", "4", "--policies", "full,window"]) == 0
     assert "window" in capsys.readouterr().out
+    assert main(base + ["--tokens", "12", "--budget", "6"]) == 0  # --policies all
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in table[3:]] == list(ev.POLICIES)
     for extra, word in [
         (["--tokens", "100000"], "tokens"),
         (["--policies", "nope"], "--policies"),

@@ -241,3 +241,15 @@ def test_parse_budget_and_to_dict():
     d = ev.make_policy("gravity", budget=(8, 16), beta=1.0).to_dict()
     assert d["policy"] == "gravity" and d["budget"] == [8, 16] and d["beta"] == 1.0
     assert math.isinf(ev.make_policy("gravity", budget=8, protect_z=math.inf).protect_z)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["semviz.eviction", "semviz.eviction.policies", "semviz.eviction.rerotate", "semviz.forward"],
+)
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

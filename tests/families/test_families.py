@@ -31,6 +31,7 @@ from tests.eviction.test_exactness import (
     _layer0_keys,
     _reference_logits,
     _rerotated_layer0,
+    _run,
 )
 from tests.families.conftest import REROTATABLE, ROPE, SLIDING
 
@@ -236,14 +237,9 @@ def test_eviction_equals_a_masked_full_forward(
     if family in SLIDING and name != "full":
         sentence = _eviction_refusal(lm64, family)
         with pytest.raises(ValueError, match=f"^{re.escape(sentence)}$"):
-            next(ev.teacher_force(lm64, ids, policy))
+            next(ev.teacher_force(lm64, ids, [policy]))
         return
-    logits, events = {}, []
-    for pos, lg, event, _ in ev.teacher_force(lm64, ids, policy, prefill=8):
-        for i, p in enumerate(pos):
-            logits[p] = lg[i]
-        events.append(event)
-    got = torch.stack([logits[p] for p in range(len(ids))])
+    (got,), (events,), _ = _run(lm64, ids, [policy], prefill=8)
     if family in SLIDING:  # the oracle's masks have no window: compare with the model itself
         with torch.no_grad():
             ref = lm64.model(torch.tensor([ids])).logits[0].float()
@@ -282,7 +278,7 @@ def test_rerotation_where_there_is_rope_and_one_sentence_where_not(family, famil
         )
     policy = ev.make_policy("streaming", budget=10, rerotate=True)
     with pytest.raises(ValueError, match=f"^{re.escape(sentence)}$"):
-        next(ev.teacher_force(family_lm, ids, policy))
+        next(ev.teacher_force(family_lm, ids, [policy]))
     with pytest.raises(ValueError, match=f"^{re.escape(sentence)}$"):
         Decoder(family_lm, PROMPT, PruneParams(), DecodeSettings(), eviction=policy)
     if family in SLIDING:

@@ -6,11 +6,13 @@ import json
 import math
 
 import pytest
+import torch
 
 from semviz import metrics
 from semviz.compare import (
     DIFF_BG,
     Side,
+    advance,
     compare,
     comparison_figure,
     diff_html,
@@ -114,10 +116,16 @@ def test_interleaved_sides_equal_separate_runs(tiny_lm):
     a, b = parse_side("top_p=0.9"), parse_side("top_p=0.9,gravity_lambda=2.0")
     cmp = compare(tiny_lm, PROMPT, [a, b], steps=4, seed=3)
     assert not cmp.stopped and cmp.steps == 4
+    # both sides ran as rows of one forward, and equal their own decoders' runs
+    assert cmp.decoders[0]._rows is not None and cmp.decoders[0]._rows is cmp.decoders[1]._rows
     for side, tr in zip(cmp.sides, cmp.traces, strict=True):
         alone = Decoder(tiny_lm, PROMPT, side.params, DecodeSettings(seed=3, max_new_tokens=4))
         alone.run(4)
         assert tr.token_ids == alone.trace.token_ids
+        for got, want in zip(tr.steps, alone.trace.steps, strict=True):
+            assert torch.equal(got.cand_ids, want.cand_ids)
+            torch.testing.assert_close(got.cand_logits, want.cand_logits, atol=1e-5, rtol=0)
+            assert got.cache_bytes == want.cache_bytes
     fd = cmp.first_divergence()
     assert fd == first_divergence(cmp.traces[0].token_ids, cmp.traces[1].token_ids)
     d = cmp.to_dict()
@@ -151,14 +159,15 @@ def test_stop_keeps_what_was_made(tiny_lm):
         tiny_lm, PROMPT, [parse_side("plain"), parse_side("top_k=3")], steps=20,
         should_stop=should_stop, on_step=lambda i, rec: made.append(i),
     )  # fmt: skip
-    assert cmp.stopped
+    assert cmp.stopped and not cmp.finished
     assert [len(t.steps) for t in cmp.traces] == [3, 3]
     assert made == [0, 1] * 3
-    # continuing the same decoders picks up where the stop left off
-    more = compare(
-        tiny_lm, PROMPT, cmp.sides, steps=2, decoders=cmp.extra["decoders"]
-    )  # fmt: skip
-    assert [len(t.steps) for t in more.traces] == [5, 5]
+    # advancing the same comparison picks up where the stop left off
+    answers = iter([False, False, True])
+    assert advance(cmp, should_stop=lambda: next(answers)) == 2
+    assert [len(t.steps) for t in cmp.traces] == [5, 5]
+    assert advance(cmp, seconds=0.0) == 1  # a time budget: at least one token
+    assert advance(cmp) == 14 and cmp.finished and cmp.steps == 20
 
 
 def test_markdown_table():
