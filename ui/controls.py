@@ -87,7 +87,6 @@ def sidebar() -> Settings:
             help="Empty for the offline default; or a local model folder, a .gguf file, "
             "or a Hugging Face id (needs the hub).",
         )
-        st.text_area("Prompt", key=K + "prompt", height=90)
         st.toggle(
             "Chat template", key=K + "chat", help="Wrap the prompt in the model's chat template."
         )

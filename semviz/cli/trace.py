@@ -15,6 +15,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="trace.json", help="where to write the trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--record-k", type=int, default=1024,
+        help="candidates recorded per step (default 1024; fewer for a smaller file)",
+    )  # fmt: skip
+    p.add_argument(
+        "--attention", choices=("on", "off"), default="on",
+        help="record each step's last-query attention (default on; off for a smaller file)",
+    )  # fmt: skip
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
@@ -27,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise ValueError("--steps must be at least 1")
+    if args.record_k < 1:
+        raise ValueError("--record-k must be at least 1")
     params = common.params_from_args(args)
     if not args.prompt.strip():  # fail before loading a model
         from semviz.decoding import PromptError
@@ -34,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
         raise PromptError("The prompt is empty: type some text for the model to continue.")
     lm = common.load(args)
     settings = DecodeSettings(
-        seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat
-    )
+        seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat,
+        record_k=args.record_k, capture=args.attention == "on",
+    )  # fmt: skip
     dec = Decoder(lm, args.prompt, params, settings)
     with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:
         dec.run(args.steps, on_step=lambda rec: bar.update(1))

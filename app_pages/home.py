@@ -1,0 +1,114 @@
+"""Home: what semviz shows, and three ways in (a prompt, the tour, an example run).
+
+This page loads no model, so it opens at once. An example run opens on Generate from its
+recorded trace, with no model run; a prompt opens Generate and starts decoding.
+"""
+
+from dataclasses import fields, replace
+
+import streamlit as st
+
+from ui import examples, nav, runner
+from ui.errors import message
+from ui.state import DEFAULT_PROMPT, Settings, session
+
+# a link with settings or a run in its query string belongs to Generate
+LINK_KEYS = {f.name for f in fields(Settings)} | {"steps", "step"}
+if any(k in LINK_KEYS for k in st.query_params):
+    st.switch_page(nav.GENERATE, query_params=st.query_params.to_dict())
+
+sess = session(st.session_state)
+
+st.title("🔭 semviz")
+st.markdown(
+    "**Watch a real language model choose its next token, and steer it.** semviz shows the "
+    "whole distribution at every step, what temperature, top-k / top-p and *narrative "
+    "gravity* do to it, where attention goes and what the KV cache keeps; move a slider "
+    "afterwards and see what the model would have written instead."
+)
+
+
+def _settings() -> Settings:
+    stored = st.session_state.get("settings")
+    if stored is None:
+        try:
+            stored = Settings.from_query_params(st.query_params)
+        except Exception:
+            stored = Settings()
+    return stored
+
+
+def _store(s: Settings) -> None:
+    s.seed_state(st.session_state, overwrite=True)
+    st.session_state["settings"] = s
+
+
+def _try_prompt() -> None:
+    sess.error = None
+    s = _settings()
+    s = replace(s, prompt=st.session_state.get("home_prompt") or DEFAULT_PROMPT)
+    _store(s)
+    try:
+        if runner.job(sess) is not None:
+            runner.stop(sess)
+        runner.start(sess, s, "run", int(s.run_n))
+    except Exception as exc:  # Generate shows it
+        sess.error = message(exc)
+    st.session_state["_goto"] = nav.GENERATE
+
+
+def _open_example(name: str) -> None:
+    sess.error = None
+    try:
+        tr = examples.load(name)
+        s = runner.settings_for_trace(tr, _settings())
+        _store(s)
+        runner.open_trace(sess, s, tr, name)
+        st.session_state["_goto"] = nav.GENERATE
+    except Exception as exc:
+        sess.error = message(exc)
+
+
+c1, c2, c3 = st.columns(3, gap="medium")
+with c1.container(border=True):
+    st.subheader(":material/edit: Try a prompt")
+    if "home_prompt" not in st.session_state:
+        st.session_state["home_prompt"] = _settings().prompt
+    st.text_area("Prompt", key="home_prompt", height=110, label_visibility="collapsed")
+    st.button("Generate", key="home_go", type="primary", on_click=_try_prompt, width="stretch")
+    st.caption("Opens Generate and decodes, one token at a time, with the current sliders.")
+with c2.container(border=True):
+    st.subheader(":material/school: Take the tour")
+    st.markdown(
+        "Five short steps from the standard sampling chain to narrative gravity and an A/B "
+        "test: where the logits come from, what entropy says, what each filter removes."
+    )
+    st.page_link(nav.TOUR, label="Start the tour", icon=":material/arrow_forward:")
+with c3.container(border=True):
+    st.subheader(":material/history: Open an example run")
+    st.caption("Recorded with the default model; they open at once, with no model run.")
+    for ex in examples.available():
+        st.button(
+            ex.title, key=f"home_ex_{ex.name}", on_click=_open_example, args=(ex.name,),
+            help=ex.blurb or None, width="stretch",
+        )  # fmt: skip
+
+if sess.error:
+    st.error(sess.error, icon="⚠️")
+
+goto = st.session_state.pop("_goto", None)
+if goto and not sess.error:
+    st.switch_page(goto)
+
+with st.expander("What am I looking at?"):
+    st.markdown(
+        "- **Generate**: the text as tokens coloured by how likely each was. Hover a token for "
+        "its alternatives at every stage of the chain; click it to select its step on every "
+        "page; click an alternative to branch from there.\n"
+        "- **Distributions, Thermodynamics, Attention & gravity, KV cache, Pipeline**: one "
+        "step, or the whole run, from each angle.\n"
+        "- The sliders in the sidebar act on the recorded run at once (a *what-if* replay, no "
+        "model run); the strip shows the continuation they would give as ghost text.\n"
+        "- Every view is a link: the URL carries the settings, the number of steps and the "
+        "selected step, and opening it regenerates the same tokens."
+    )
