@@ -8,7 +8,7 @@ from semviz import charts
 from ui import page, runner, views
 from ui.errors import message
 
-ctx = page.context("Generate", jobs=False)
+ctx = page.context("Generate", header=False)
 sess = ctx.sess
 settings = ctx.settings
 job = runner.job(sess)
@@ -46,30 +46,35 @@ def _act(kind: str) -> None:
         sess.error = message(exc)
 
 
-cols = st.columns([1, 1, 1, 1, 3], vertical_alignment="bottom")
-cols[0].button(
+# a horizontal container wraps on a narrow screen instead of stacking one button per row
+bar = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
+bar.button(
     "Step", key="btn_step", type="primary", disabled=job is not None, on_click=_act,
-    args=("step",), help="Decode one token with the current sliders.", width="stretch",
+    args=("step",), help="Decode one token with the current sliders.",
 )  # fmt: skip
-cols[1].button(
+bar.button(
     f"Run {settings.run_n}", key="btn_run", disabled=job is not None, on_click=_act,
-    args=("run",), help="Decode this many tokens (set N in the sidebar).", width="stretch",
+    args=("run",), help="Decode this many tokens (set N in the sidebar).",
 )  # fmt: skip
 if job is not None and job.kind == "play":
-    cols[2].button("Pause", key="btn_pause", on_click=_act, args=("pause",), width="stretch")
+    bar.button("Pause", key="btn_pause", on_click=_act, args=("pause",))
 else:
-    cols[2].button(
+    bar.button(
         "Play", key="btn_play", on_click=_act, args=("play",), disabled=job is not None,
-        help="Decode until Pause, the end of text or the token limit.", width="stretch",
+        help="Decode until Pause, the end of text or the token limit.",
     )  # fmt: skip
-cols[3].button(
-    "Reset", key="btn_reset", on_click=_act, args=("reset",), width="stretch",
+bar.button(
+    "Reset", key="btn_reset", on_click=_act, args=("reset",),
     help="Start over from the prompt (stops any task).",
 )  # fmt: skip
 color_by = (
-    cols[4].segmented_control(
-        "Colour tokens by", ["probability", "entropy"], default="probability", key="color_by"
-    )
+    bar.segmented_control(
+        "Colour tokens by",
+        ["probability", "entropy"],
+        default="probability",
+        key="color_by",
+        label_visibility="collapsed",
+    )  # fmt: skip
     or "probability"
 )
 
@@ -94,7 +99,7 @@ def _ghost_work(do: bool) -> bool:
     k = ctx.first_diff
     if k is None or ctx.params is None:
         return False
-    g = runner.ghost(sess, ctx.params, k)
+    g = runner.ghost(sess, settings, ctx.params, k)
     if g is None:
         return False
     if do:
@@ -107,9 +112,9 @@ def _ghost_payload() -> dict | None:
     if k is None:
         return None
     g = sess.extra.get("ghost")
+    rest = len(ctx.steps) - k
     if g is not None and g.at == k and g.tokens:
         texts = [s.token_text for s in g.decoder.trace.steps[k:]]
-        rest = len(ctx.steps) - k
         if not g.complete:
             note = "… decoding"
         elif g.decoder.done:
@@ -119,9 +124,14 @@ def _ghost_payload() -> dict | None:
         else:
             note = ""
         return {"tokens": texts, "note": note}
+    # until the model has decoded it, the replay's pick at step k (exact, no model run)
     first = ctx.labels([ctx.wi.token_ids[k]])[0]
-    if g is None and runner.job(sess) is None:
-        note = "… (the continuation needs a model run: press Regenerate)"
+    if g is not None and g.error:
+        note = f"… (the continuation was not decoded: {g.error})"
+    elif g is not None and g.forced:
+        note = f"… re-feeding the {k} recorded tokens before it, then decoding"
+    elif g is None:
+        note = "…"
     else:
         note = "… decoding"
     return {"tokens": [first], "note": note}
@@ -147,7 +157,7 @@ def live() -> None:
         st.info(
             "The prompt, model, seed or cache policy changed: the next **Step** starts a new "
             "run. The strip still shows the current run.",
-            icon="ℹ️",
+            icon=":material/info:",
         )
     if tr.steps:
         views.token_strip(
@@ -156,6 +166,8 @@ def live() -> None:
         )  # fmt: skip
 
 
+if ctx.params is not None:
+    page.whatif_banner(ctx)
 page.job_panel(ctx, body=live, background=_ghost_work if job is None else None)
 
 

@@ -19,7 +19,7 @@ if any(k in LINK_KEYS for k in st.query_params):
 
 sess = session(st.session_state)
 
-st.title("🔭 semviz")
+st.title("semviz")
 st.markdown(
     "**Watch a real language model choose its next token, and steer it.** semviz shows the "
     "whole distribution at every step, what temperature, top-k / top-p and *narrative "
@@ -94,7 +94,7 @@ with c3.container(border=True):
         )  # fmt: skip
 
 if sess.error:
-    st.error(sess.error, icon="⚠️")
+    st.error(sess.error, icon=":material/error:")
 
 goto = st.session_state.pop("_goto", None)
 if goto and not sess.error:

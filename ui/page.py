@@ -52,10 +52,14 @@ class PageContext:
         if tr is None or not tr.steps or self.params is None:
             return
         dec = self.sess.decoder
+        # a recorded run (an example) uses the page's model, and none when it did not load:
+        # the replay needs one only to recompute gravity for settings the run did not use
+        lm = self.lm if isinstance(dec, runner.TraceRun) else dec.lm
         with guard("the what-if replay"):
             self.wi = whatif.cached(
-                self.sess.extra, tr, self.params, model=dec.lm.model, hidden=dec.hidden
-            )
+                self.sess.extra, tr, self.params,
+                model=None if lm is None else lm.model, hidden=dec.hidden,
+            )  # fmt: skip
 
     @property
     def first_diff(self) -> int | None:
@@ -79,7 +83,10 @@ class PageContext:
 
     def labels(self, ids) -> list[str]:
         """Token texts for ids (the model's tokenizer)."""
-        lm = self.lm or (self.decoder.lm if self.decoder is not None else None)
+        dec = self.decoder
+        lm = self.lm
+        if lm is None and dec is not None and not isinstance(dec, runner.TraceRun):
+            lm = dec.lm
         if lm is None:
             return [str(int(i)) for i in ids]
         return token_texts(lm.tokenizer, tuple(int(i) for i in ids))
@@ -109,11 +116,12 @@ def token_texts(tokenizer, ids: tuple[int, ...]) -> list[str]:
     return out
 
 
-def context(title: str, *, icon: str = "", jobs: bool = True) -> PageContext:
+def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
     """Draw the page title and the shared header; return the page's context.
 
-    ``jobs``: draw the progress of the session's long task (with Stop) here. Generate passes
-    False and draws it itself, around its token strip, so the strip streams.
+    ``header``: draw the long task's progress (with Stop), the status line and the what-if
+    banner here. Generate passes False and draws them itself, below its prompt and buttons
+    and around its token strip, so the strip streams.
     """
     st.title(f"{icon} {title}".strip())
     from ui import controls
@@ -124,7 +132,7 @@ def context(title: str, *, icon: str = "", jobs: bool = True) -> PageContext:
     with guard("loading the model", show=False) as err:
         lm = get_model(settings.model_name())
     if err:
-        st.error(err[0] + " The current run is kept.", icon="⚠️")
+        st.error(err[0] + " The current run is kept.", icon=":material/error:")
         lm = (
             None
             if sess.decoder is None or isinstance(sess.decoder, runner.TraceRun)
@@ -136,14 +144,14 @@ def context(title: str, *, icon: str = "", jobs: bool = True) -> PageContext:
     ctx = PageContext(settings=settings, sess=sess, lm=lm, params=params, wi=None)
     open_link(ctx)
     messages(ctx)
-    if jobs:
+    if header:
         job_panel(ctx)
     share_url(ctx)
     ctx.update_whatif()
-    if jobs:
+    if header:
         status_line(ctx)
-    if not err2:
-        whatif_banner(ctx)
+        if not err2:
+            whatif_banner(ctx)
     return ctx
 
 
@@ -151,9 +159,9 @@ def messages(ctx: PageContext) -> None:
     """The session's last error and notice (each shown once, until the next action)."""
     sess = ctx.sess
     if sess.error:
-        st.error(sess.error, icon="⚠️")
+        st.error(sess.error, icon=":material/error:")
     if sess.notice:
-        st.info(sess.notice, icon="ℹ️")
+        st.info(sess.notice, icon=":material/info:")
         sess.notice = None
 
 
@@ -333,7 +341,7 @@ def status_line(ctx: PageContext, *, here: bool = False) -> None:
         st.info(
             "The prompt, model, seed or cache policy changed: the next **Step** starts a new run. "
             "The views below still show the current run.",
-            icon="ℹ️",
+            icon=":material/info:",
         )
 
 
@@ -352,19 +360,19 @@ def whatif_banner(ctx: PageContext) -> None:
         st.success(
             f"What-if: the sliders moved after generation. Replaying the {wi.n} recorded steps "
             f"through the core ({1e3 * wi.seconds:.0f} ms, no model run) changes no choice.",
-            icon="🔁",
+            icon=":material/replay:",
         )
     else:
         k = wi.first_diff
         rec = ctx.steps[k]
         new = ctx.labels([wi.token_ids[k]])[0]
-        c1, c2 = st.columns([4, 1], vertical_alignment="center")
+        c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.warning(
             f"What-if: with these sliders step **{k}** would pick {new!r} instead of "
             f"{rec.token_text!r} (replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, "
             "no model run). Views show the replay; steps from the marked one on are "
             "counterfactual.",
-            icon="🔀",
+            icon=":material/alt_route:",
         )
         c2.button(
             f"Regenerate from step {k}", key="regen_from", type="primary",
@@ -410,9 +418,12 @@ def need_trace(ctx: PageContext) -> bool:
     """Show a hint and return False when there is nothing recorded yet."""
     if ctx.steps:
         return True
-    st.info("Nothing generated yet: go to **Generate** and press **Step** or **Play**.", icon="👉")
+    st.info(
+        "Nothing generated yet: go to **Generate** and press **Step** or **Play**.",
+        icon=":material/arrow_forward:",
+    )
     if ctx.lm is not None:
         from ui import nav
 
-        st.page_link(nav.GENERATE, label="Open Generate", icon="▶️")
+        st.page_link(nav.GENERATE, label="Open Generate", icon=":material/play_arrow:")
     return False

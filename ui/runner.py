@@ -36,6 +36,7 @@ from semviz.decoding import Decoder, DecodeSettings, encode_prompt
 from semviz.pruning import PruneParams
 from semviz.trace import Trace
 from ui import kv
+from ui.errors import message
 from ui.model import get_model
 from ui.state import SessionData, Settings
 
@@ -361,7 +362,10 @@ def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None
         k = max(0, min(int(k), total))
         n = max(1, total - k) if n is None else int(n)
         g = sess.extra.get("ghost")
-        if g is not None and g.at == k and g.params == settings.prune_params():
+        if (
+            g is not None and g.at == k and g.params == settings.prune_params()
+            and g.decoder is not None and not g.forced
+        ):  # fmt: skip
             dec, forced, build = g.decoder, [], False
         else:
             dec, forced, build = _fork_at(sess, settings, k)
@@ -546,40 +550,61 @@ def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> b
 
 @dataclass
 class Ghost:
-    """The real continuation under the current sliders from the first changed step ``at``:
-    a fork of the run, decoded for up to ``GHOST_TOKENS`` tokens (shown as ghost text)."""
+    """The real continuation under the current sliders from the first changed step ``at``,
+    decoded for up to ``target`` tokens and shown as ghost text.
+
+    From a live run it is a fork rewound to ``at`` (nothing re-fed). From an example (no
+    model yet) or under a KV eviction policy, a fresh decoder first re-feeds the ``at``
+    recorded tokens (``forced``) with the run's own settings (``base``).
+    """
 
     at: int
     params: PruneParams
     key: tuple
     decoder: Any
     target: int
+    forced: list[int] = field(default_factory=list)
+    base: PruneParams | None = None
+    settings: Settings | None = None
+    error: str | None = None  # why it could not be decoded (no model, bad settings)
 
     @property
     def tokens(self) -> list[int]:
-        return self.decoder.trace.token_ids[self.at :] if self.decoder is not None else []
+        if self.decoder is None or self.forced:
+            return []
+        return self.decoder.trace.token_ids[self.at :]
 
     @property
     def complete(self) -> bool:
-        return self.decoder is None or self.decoder.done or len(self.tokens) >= self.target
+        if self.error is not None:
+            return True
+        if self.decoder is None or self.forced:
+            return False
+        return self.decoder.done or len(self.tokens) >= self.target
 
 
-def ghost(sess: SessionData, params: PruneParams, at: int | None) -> Ghost | None:
+def ghost(
+    sess: SessionData, settings: Settings, params: PruneParams, at: int | None
+) -> Ghost | None:
     """The session's ghost continuation for the what-if first changed at step ``at`` (made
-    fresh when the sliders or the run changed); None when there is nothing to show or the run
-    cannot be forked without a model run (an example, or a KV eviction policy)."""
+    afresh when the sliders or the run changed); None when there is nothing to show."""
     dec = sess.decoder
-    if at is None or dec is None or isinstance(dec, TraceRun) or dec.eviction is not None:
+    if at is None or dec is None or at > dec.n_steps:
         sess.extra.pop("ghost", None)
         return None
     key = (id(dec), id(dec.trace), dec.n_steps, at, params)
     g = sess.extra.get("ghost")
     if g is not None and g.key == key:
         return g
-    with exclusive(sess):
-        f = dec.fork()
-        f.rewind(at, params)
-    g = Ghost(at, params, key, f, min(GHOST_TOKENS, max(1, dec.n_steps - at)))
+    target = min(GHOST_TOKENS, max(1, dec.n_steps - at))
+    if isinstance(dec, TraceRun) or dec.eviction is not None:
+        g = Ghost(at, params, key, None, target, forced=list(dec.trace.token_ids[:at]),
+                  base=dec.params, settings=settings)  # fmt: skip
+    else:
+        with exclusive(sess):
+            f = dec.fork()
+            f.rewind(at, params)
+        g = Ghost(at, params, key, f, target)
     sess.extra["ghost"] = g
     return g
 
@@ -591,7 +616,23 @@ def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
         return True
     with exclusive(sess):
         t0 = time.perf_counter()
-        while not g.complete:
-            if g.decoder.step() is None or time.perf_counter() - t0 >= seconds:
-                break
+        try:
+            _ghost_steps(g, t0, seconds)
+        except Exception as exc:  # the ghost says why; the run itself is not touched
+            g.error = message(exc)
     return g.complete
+
+
+def _ghost_steps(g: Ghost, t0: float, seconds: float) -> None:
+    if g.decoder is None:
+        g.decoder = build_decoder(g.settings, g.base)
+    while not g.complete and time.perf_counter() - t0 < seconds:
+        if g.forced:
+            g.decoder.params = g.base
+            if g.decoder.step(force_token=g.forced[0]) is None:
+                break
+            g.forced.pop(0)
+        else:
+            g.decoder.params = g.params
+            if g.decoder.step() is None:
+                break

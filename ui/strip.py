@@ -20,23 +20,24 @@ from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
+import torch
 
 MAX_TOKENS_SHOWN = 1500
 ALTERNATIVES = 6  # rows in the hover card
-PROMPT_CHARS = 600
+PROMPT_CHARS = 240
 
 # sequential ramps, light → dark; probability and entropy must not look alike
 SCALES = {
     "probability": {
         "rgb": [37, 99, 235],  # blue: darker = less likely
-        "lo": "p = 1 (certain)",
-        "hi": "p → 0 (unlikely)",
+        "lo": "p = 1",
+        "hi": "p ≤ 0.001 (a third of the bar per factor 10)",
         "title": "chosen token's probability",
     },
     "entropy": {
         "rgb": [217, 95, 2],  # orange: darker = more uncertain
         "lo": "H = 0",
-        "hi": "H = {hmax:.1f} nats",
+        "hi": "H = {hmax:.1f} nats (the run's highest)",
         "title": "entropy of the step (nats)",
     },
 }
@@ -58,7 +59,7 @@ CSS = """
 .semviz-strip .tok:hover, .semviz-strip .tok:focus {
   outline: 1px solid var(--st-text-color, #333); outline-offset: 0; }
 .semviz-strip .tok.sel { outline: 2px solid var(--st-text-color, #000); outline-offset: 1px; }
-.semviz-strip .tok.changed { text-decoration: line-through rgba(200,60,60,.8); opacity: .7; }
+.semviz-strip .tok.changed { opacity: .6; }
 .semviz-strip .tok.first { box-shadow: inset 0 -3px 0 #d62728; }
 .semviz-strip .lanes { display: block; margin: 6px 0 2px;
   border-left: 3px solid #d62728; padding-left: 8px; }
@@ -216,7 +217,7 @@ function card(root, step, anchor) {
   c.appendChild(head);
   const tb = document.createElement("table");
   const hr = document.createElement("tr");
-  for (const h of ["token", ...d.stages]) {
+  for (const h of ["token", ...alts.stages]) {
     const th = document.createElement("th");
     th.textContent = h;
     if (h === "token") th.className = "t";
@@ -319,8 +320,11 @@ def _component():
 
 
 def value(p: float) -> float:
-    """Colour intensity for a chosen-token probability: 0 for certain, 1 for p → 0."""
-    return 1.0 - (p if math.isfinite(p) else 0.0)
+    """Colour intensity for a chosen-token probability, on a log scale: 0 at p = 1, 1/3 at
+    0.1, 2/3 at 0.01, 1 at 0.001 and below (a linear scale paints most sampled tokens dark)."""
+    if not math.isfinite(p) or p <= 0.0:
+        return 1.0
+    return min(1.0, max(0.0, -math.log10(p) / 3.0))
 
 
 def payload(
@@ -338,7 +342,6 @@ def payload(
     stages = list(steps[0].stage_probs) if steps else []
     first = ctx.first_diff
     whatif = first is not None
-    head_stages = [*stages, "what-if"] if whatif else stages
     for i in range(start, n):
         s = steps[i]
         v = s.entropy / hmax if color_by == "entropy" else value(s.chosen_prob)
@@ -360,7 +363,6 @@ def payload(
         "ghost": ghost,
         "rgb": scale.pop("rgb"),
         "scale": scale,
-        "stages": head_stages,
         "alts": alts,
         "hints": hints,
         "branchable": branchable,
@@ -375,11 +377,15 @@ def _card(ctx, i: int, stages: list[str], whatif: bool) -> dict:
     ranks = list(range(k)) if len(rows_ids) == k else [*range(k), rec.chosen_rank]
     labels = ctx.labels(rows_ids)
     res = ctx.result(i) if whatif else None
+    # a stage that changed nothing at this step (gravity at λ 0, T 1) is left out of the card
+    shown = [name for j, name in enumerate(stages)
+             if j == 0 or name == "final"
+             or not torch.equal(rec.stage_probs[name], rec.stage_probs[stages[j - 1]])]  # fmt: skip
     raw = rec.top_probs
     rows = []
     for r, tid, lab in zip(ranks, rows_ids, labels, strict=True):
         probs = []
-        for name in stages:
+        for name in shown:
             if name == "raw" and r < raw.numel():
                 probs.append(round(float(raw[r]), 4))
             else:
@@ -392,7 +398,7 @@ def _card(ctx, i: int, stages: list[str], whatif: bool) -> dict:
         f"step {i} · {rec.token_text!r} · p {p:.3f} · H {rec.entropy:.2f} nats · "
         f"kept {rec.n_kept} · T {rec.temperature:.2f}"
     )
-    return {"head": head, "rows": rows}
+    return {"head": head, "rows": rows, "stages": [*shown, "what-if"] if whatif else shown}
 
 
 def draw(

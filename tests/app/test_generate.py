@@ -91,6 +91,7 @@ def test_example_opens_with_no_model_run(home, monkeypatch):
 
 def test_stepping_on_from_an_example_refeeds_it_first(home):
     home.button(key="home_ex_capital_attention.json").click().run()
+    home.switch_page(GENERATE).run()  # where the browser is now (AppTest reruns Home)
     recorded = sess(home).decoder.trace.token_ids
     home.button(key="btn_run").click().run()
     finish_job(home)
@@ -273,3 +274,47 @@ def test_generate_page_has_the_prompt_and_no_sidebar_prompt(app):
     assert app.text_area(key="s_prompt").value
     assert not [t for t in app.sidebar.text_area if t.key == "s_prompt"]
     assert GENERATE.endswith("generate.py")
+
+
+@pytest.mark.parametrize("source", ["live", "example"])
+def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
+    """After a slider move the ghost text is what the model decodes from the first changed
+    step with the new sliders, not the replay's per-step picks on the recorded context."""
+    at = app
+    if source == "example":
+        at.switch_page("app_pages/home.py").run()
+        at.button(key="home_ex_sea.json").click().run()
+        at.switch_page(GENERATE).run()  # where the browser is now (AppTest reruns Home)
+    else:
+        run_steps(at, 10)
+    s = sess(at)
+    n = s.decoder.n_steps
+    at.slider(key="s_temperature").set_value(0.0).run()
+    wi = s.extra["whatif"]
+    if wi.first_diff is None:
+        pytest.skip("greedy picks the sampled tokens here")
+    k = wi.first_diff
+    g = s.extra["ghost"]
+    assert g.at == k
+    if source == "example":  # no model yet: a fresh decoder re-feeds the k recorded tokens
+        assert g.decoder is None and g.forced == s.decoder.trace.token_ids[:k]
+    else:  # a fork of the live run, rewound to k: nothing re-fed
+        assert g.decoder is not None and g.decoder.n_steps == k and not g.forced
+    while not runner.ghost_tick(s):  # what the page's ticks do
+        pass
+    # the reference: the run's own tokens up to k, then greedy decoding
+    settings = at.session_state["settings"]
+    ref = Decoder(tiny_lm, settings.prompt, s.decoder.params,
+                  DecodeSettings(seed=settings.seed, chat=settings.chat))  # fmt: skip
+    for t in s.decoder.trace.token_ids[:k]:
+        ref.step(force_token=t)
+    ref.params = settings.prune_params()
+    ref.run(min(runner.GHOST_TOKENS, n - k))
+    assert g.tokens == ref.trace.token_ids[k:]
+    if source == "live":  # (the example was recorded by the real model, not the tiny one)
+        assert g.tokens[0] == wi.token_ids[k]  # the replay's first changed pick, for real
+    # Regenerate takes the ghost over as the new branch, without decoding it again
+    at.button(key="regen_from").click().run()
+    assert sess(at).decoder is g.decoder
+    finish_job(at)
+    assert sess(at).decoder.trace.token_ids[: k + len(g.tokens)][k:] == ref.trace.token_ids[k:]
