@@ -1,23 +1,19 @@
 """Home: what semviz shows, and three ways in (a prompt, the tour, an example run).
 
-This page loads no model, so it opens at once. An example run opens on Generate from its
-recorded trace, with no model run; a prompt opens Generate and starts decoding.
+This page imports nothing heavy (no torch, no model) so it paints at once, while ``app.py``
+warms the imports in the background. An example run opens on Generate from its recorded
+trace, with no model run; a prompt opens Generate and starts decoding.
 """
-
-from dataclasses import fields, replace
 
 import streamlit as st
 
-from ui import examples, nav, runner
-from ui.errors import message
-from ui.state import DEFAULT_PROMPT, Settings, session
+from ui import examples, nav
 
-# a link with settings or a run in its query string belongs to Generate
-LINK_KEYS = {f.name for f in fields(Settings)} | {"steps", "step"}
-if any(k in LINK_KEYS for k in st.query_params):
+# a link opened at the root with settings or a run in its query string belongs to Generate
+# (only when the session starts here: later visits come from the sidebar)
+first = "semviz" not in st.session_state and "settings" not in st.session_state
+if first and any(k not in ("embed", "embed_options") for k in st.query_params):
     st.switch_page(nav.GENERATE, query_params=st.query_params.to_dict())
-
-sess = session(st.session_state)
 
 st.title("semviz")
 st.markdown(
@@ -28,25 +24,31 @@ st.markdown(
 )
 
 
-def _settings() -> Settings:
-    stored = st.session_state.get("settings")
-    if stored is None:
-        try:
-            stored = Settings.from_query_params(st.query_params)
-        except Exception:
-            stored = Settings()
-    return stored
+def _settings():
+    """The stored settings (the sidebar's), else the defaults."""
+    from ui.state import Settings
+
+    return st.session_state.get("settings") or Settings()
 
 
-def _store(s: Settings) -> None:
+def _store(s) -> None:
     s.seed_state(st.session_state, overwrite=True)
     st.session_state["settings"] = s
 
 
 def _try_prompt() -> None:
+    from dataclasses import replace
+
+    from ui import runner
+    from ui.errors import message
+    from ui.state import session
+
+    sess = session(st.session_state)
     sess.error = None
     s = _settings()
-    s = replace(s, prompt=st.session_state.get("home_prompt") or DEFAULT_PROMPT)
+    typed = (st.session_state.get("home_prompt") or "").strip()
+    if typed:
+        s = replace(s, prompt=typed)
     _store(s)
     try:
         if runner.job(sess) is not None:
@@ -58,6 +60,11 @@ def _try_prompt() -> None:
 
 
 def _open_example(name: str) -> None:
+    from ui import runner
+    from ui.errors import message
+    from ui.state import session
+
+    sess = session(st.session_state)
     sess.error = None
     try:
         tr = examples.load(name)
@@ -72,9 +79,11 @@ def _open_example(name: str) -> None:
 c1, c2, c3 = st.columns(3, gap="medium")
 with c1.container(border=True):
     st.subheader(":material/edit: Try a prompt")
-    if "home_prompt" not in st.session_state:
-        st.session_state["home_prompt"] = _settings().prompt
-    st.text_area("Prompt", key="home_prompt", height=110, label_visibility="collapsed")
+    st.text_area(
+        "Prompt", key="home_prompt", height=110, label_visibility="collapsed",
+        placeholder="Type a prompt, or leave this empty for the default one "
+        "(a sentence about the sea).",
+    )  # fmt: skip
     st.button("Generate", key="home_go", type="primary", on_click=_try_prompt, width="stretch")
     st.caption("Opens Generate and decodes, one token at a time, with the current sliders.")
 with c2.container(border=True):
@@ -93,11 +102,12 @@ with c3.container(border=True):
             help=ex.blurb or None, width="stretch",
         )  # fmt: skip
 
-if sess.error:
-    st.error(sess.error, icon=":material/error:")
+error = getattr(st.session_state.get("semviz"), "error", None)
+if error:
+    st.error(error, icon=":material/error:")
 
 goto = st.session_state.pop("_goto", None)
-if goto and not sess.error:
+if goto and not error:
     st.switch_page(goto)
 
 with st.expander("What am I looking at?"):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from semviz.trace import Trace
+if TYPE_CHECKING:  # the front door lists the examples without importing torch
+    from semviz.trace import Trace
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "examples"
 
@@ -55,6 +57,8 @@ def available() -> list[Example]:
 def load(name: str) -> Trace:
     """The example trace ``name`` (a file name from :func:`available`); ``TraceError`` if not
     readable. Parsed afresh each time, so a session never shares a trace with another."""
+    from semviz.trace import Trace
+
     if "/" in name or "\\" in name or not name.endswith(".json"):
         raise ValueError(f"{name!r} is not an example name.")
     return Trace.load(FOLDER / name)
