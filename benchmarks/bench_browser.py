@@ -88,20 +88,30 @@ def now(page) -> float:
     return page.evaluate("performance.now()")
 
 
-def settle(page, t0: float, timeout: float = 600.0, idle_ms: float = 400.0) -> float:
-    """Milliseconds from ``t0`` (page clock) until the script ran and was then idle for
-    ``idle_ms``; the time returned is when it became idle."""
+def settle(page, t0: float, timeout: float = 600.0) -> float:
+    """Milliseconds from ``t0`` (page clock) to the end of the first script run that started
+    after it: the moment the page is drawn again and usable."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         states = page.evaluate("window.__semvizStates || []")
         ran = [t for t, s in states if t >= t0 and s == "running"]
         if ran:
             idle = [t for t, s in states if t > ran[0] and s == "notRunning"]
-            later = [t for t, s in states if idle and t > idle[0]]
-            if idle and not later and now(page) - idle[0] >= idle_ms:
+            if idle:
                 return idle[0] - t0
-        time.sleep(0.05)
+        time.sleep(0.02)
     raise TimeoutError("the page did not settle")
+
+
+def quiet(page, idle_ms: float = 1500.0, timeout: float = 1800.0) -> None:
+    """Until the script has been idle for ``idle_ms`` (page clock)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = page.evaluate("window.__semvizStates || []")
+        if states and states[-1][1] == "notRunning" and now(page) - states[-1][0] >= idle_ms:
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the page did not become idle")
 
 
 def wait_for(page, js: str, timeout: float = 900.0) -> float:
@@ -117,7 +127,7 @@ def wait_for(page, js: str, timeout: float = 900.0) -> float:
 def wait_done(page, timeout: float = 1800.0) -> None:
     """Until no task runs (no Stop button) and the script is idle."""
     wait_for(page, "!document.querySelector('.st-key-job_stop')", timeout)
-    settle(page, now(page) - 1e9)
+    quiet(page)
 
 
 def first_token(browser) -> float:
@@ -155,6 +165,7 @@ def slider_moves(browser, steps: int, moves: int) -> dict:
             t0 = now(page)
             page.keyboard.press("r")  # a plain rerun of the page
             plain.append(settle(page, t0))
+            quiet(page)
             page.get_by_role("slider", name="Temperature").focus()
             t0 = now(page)
             page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight")
@@ -162,7 +173,7 @@ def slider_moves(browser, steps: int, moves: int) -> dict:
             t1 = wait_for(page, "!(document.querySelector('.semviz-strip .pending') || "
                           "{textContent: ''}).textContent.includes('decoding')")  # fmt: skip
             ghost.append(t1 - t0)
-            settle(page, now(page) - 1)
+            quiet(page)
     finally:
         ctx.close()
     return {
@@ -192,11 +203,11 @@ def page_renders(browser, prompt: str, steps: int) -> dict[str, float]:
     page.goto(BASE + f"/generate?chat=0&seed=0&run_n={steps}")
     page.wait_for_selector('[data-testid="stApp"]')
     page.evaluate(OBSERVE)
-    settle(page, now(page) - 1e9)
+    quiet(page)
     box = page.get_by_label("Prompt")
     box.fill(prompt)
     box.press("Control+Enter")  # commit the text area
-    settle(page, now(page) - 1e9)
+    quiet(page)
     page.get_by_role("button", name=f"Run {steps}", exact=True).click()
     wait_for(page, f"document.querySelectorAll('.semviz-strip .tok').length >= {steps}")
     wait_done(page)
@@ -208,6 +219,7 @@ def page_renders(browser, prompt: str, steps: int) -> dict[str, float]:
             ms = settle(page, t0)
             wait_for(page, "document.querySelector('.js-plotly-plot')", 120)
             out[slug] = ms
+            quiet(page)
     finally:
         ctx.close()
     return out
