@@ -9,13 +9,14 @@ page's own clock:
 2. **slider move**: a ``--steps``-token run (default 128) is opened from a link; each press of
    ArrowLeft/ArrowRight on the temperature slider is one move. Timed from the key press to the
    first moment the app's script is idle again with the what-if drawn ("settled"), beside a
-   plain rerun of the same page (the ``r`` shortcut) as the side-by-side baseline. The
+   plain rerun of the same page (switching the strip's colouring) as the baseline. The
    ghost-text continuation streams in afterwards; its completion is timed too.
 3. **page renders with a long prompt**: a run with a ``--long`` token prompt (default 2,000,
    from data/pride_and_prejudice_ch1-3.txt) and a short one; each page is opened from the
    sidebar and timed from the click to idle with its charts drawn. Prints the ratio long/short.
 
     python benchmarks/bench_browser.py [--steps 128] [--long 2000] [--moves 6] [--json]
+                                       [--url http://host:port]  # an app already running
 
 Absolute times depend on the machine's load; run it on a quiet machine. The ratios are
 measured side by side in one run.
@@ -160,10 +161,10 @@ def slider_moves(browser, steps: int, moves: int) -> dict:
     plain, moved, ghost = [], [], []
     try:
         for i in range(moves):
-            body = page.locator("section.stMain, [data-testid='stMain']").first
-            body.click(position={"x": 5, "y": 5})
+            name = "entropy" if i % 2 == 0 else "probability"
+            colour = page.locator(".st-key-color_by button", has_text=name)
             t0 = now(page)
-            page.keyboard.press("r")  # a plain rerun of the page
+            colour.click()  # a plain rerun of the page: the strip's colours, no what-if change
             plain.append(settle(page, t0))
             quiet(page)
             page.get_by_role("slider", name="Temperature").focus()
@@ -204,7 +205,7 @@ def page_renders(browser, prompt: str, steps: int) -> dict[str, float]:
     page.wait_for_selector('[data-testid="stApp"]')
     page.evaluate(OBSERVE)
     quiet(page)
-    box = page.get_by_label("Prompt")
+    box = page.get_by_role("textbox", name="Prompt")
     box.fill(prompt)
     box.press("Control+Enter")  # commit the text area
     quiet(page)
@@ -231,6 +232,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128, help="trace length for slider moves")
     ap.add_argument("--long", type=int, default=2000, help="long prompt, tokens")
     ap.add_argument("--moves", type=int, default=6)
+    ap.add_argument("--url", default=None, help="time a running app instead of starting one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -238,9 +240,12 @@ def main() -> None:
 
     from semviz.report import BROWSER_ARGS, chromium_path
 
-    port = free_port()
-    BASE = f"http://127.0.0.1:{port}"
-    proc = start_server(port)
+    if args.url:
+        BASE, proc = args.url.rstrip("/"), None
+    else:
+        port = free_port()
+        BASE = f"http://127.0.0.1:{port}"
+        proc = start_server(port)
     out: dict = {}
     try:
         with sync_playwright() as pw:
@@ -257,11 +262,12 @@ def main() -> None:
             out["pages_long_vs_short"] = {k: longp[k] / short[k] for k in short}
             browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     if args.json:
         print(json.dumps(out, indent=2))
         return
