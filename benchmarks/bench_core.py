@@ -37,7 +37,7 @@ from semviz.gravity import (  # noqa: E402
     normalize_gravity,
     pull_for_step,
 )
-from semviz.pruning import PruneParams, SamplerState, choose, prune  # noqa: E402
+from semviz.sampling import PruneParams, SamplerState, choose, prune  # noqa: E402
 
 
 def interleaved(fns: dict, repeats: int, ratios: dict, warmup: int = 3, extra=None):

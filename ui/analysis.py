@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from semviz import gravity as grav
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.trace import StepRecord, Trace
 
 

@@ -31,6 +31,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("app_pages/kv_cache.py", "KV cache", ":material/memory:"),
     PageSpec("app_pages/pipeline.py", "Pipeline", ":material/account_tree:"),
     PageSpec("app_pages/compare.py", "Compare A/B", ":material/compare_arrows:", section="Share"),
+    PageSpec("app_pages/frontier.py", "Does it help?", ":material/insights:", section="Share"),
     PageSpec("app_pages/report.py", "Report", ":material/summarize:", section="Share"),
     PageSpec("app_pages/presenter.py", "Presenter mode", ":material/co_present:", section="Share"),
     PageSpec(TOUR, "Tour 1 · Baseline chain", ":material/looks_one:", section="Tour"),

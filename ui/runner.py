@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from semviz.decoding import Decoder, DecodeSettings, encode_prompt
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.trace import Trace
 from ui import kv
 from ui.errors import message

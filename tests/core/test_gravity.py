@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from semviz import gravity as gv
-from semviz.pruning import PruneParams, SamplerState
+from semviz.sampling import PruneParams, SamplerState
 
 
 def brute(cand, ctx, mass, sim):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from semviz import pruning
+from semviz import sampling
 from semviz.decoding import Decoder, DecodeSettings
 from semviz.eviction import make_policy
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 PROMPT = "The lighthouse keeper climbed the stairs"
 
@@ -104,7 +104,7 @@ def test_an_interrupted_step_changes_nothing(tiny_lm, monkeypatch, config, where
     d.run(4)
     before = fingerprint(d)
     with monkeypatch.context() as m:
-        target = pruning if where == "choose" else d
+        target = sampling if where == "choose" else d
         calls = after_then_raise(target, where, m)
         with pytest.raises(Interrupted):
             d.step()
