@@ -50,7 +50,8 @@ def test_front_door_offers_three_ways_in(home):
     assert "Generate" in labels  # try a prompt
     assert [e.title for e in examples.available()] == labels[1:]  # the example runs
     assert len(labels) >= 4
-    assert home.text_area(key="home_prompt").value  # the prompt box, filled in
+    box = home.text_area(key="home_prompt")  # empty: the front door paints without settings
+    assert box.value == "" and "default" in box.placeholder
     assert not errors(home)
 
 
@@ -64,6 +65,16 @@ def test_front_door_prompt_opens_generate_and_decodes(home):
     assert dec.prompt == "A lighthouse at dusk" and dec.n_steps == 32  # Run N, N = 32
     assert home.query_params["prompt"] == "A lighthouse at dusk"
     assert home.query_params["steps"] == "32"
+
+
+def test_front_door_empty_prompt_decodes_the_default_one(home):
+    from ui.state import Settings
+
+    home.button(key="home_go").click().run()
+    assert not home.exception and not errors(home)
+    finish_job(home)
+    assert sess(home).decoder.prompt == Settings().prompt
+    assert home.text_area(key="s_prompt").value == Settings().prompt
 
 
 def test_example_opens_with_no_model_run(home, monkeypatch):
