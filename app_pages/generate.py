@@ -4,7 +4,8 @@ alternatives, click one to branch), the what-if ghost text, branches, each step'
 import numpy as np
 import streamlit as st
 
-from semviz import charts
+from semviz import charts, escape
+from semviz.style import display_token
 from ui import page, runner, views
 from ui.errors import message
 
@@ -149,9 +150,10 @@ def live() -> None:
         "working…" if j is not None else (f"stopped: {dec.stop_reason}" if dec.done else "ready")
     )
     tr = dec.trace
-    bits = [f"model **{tr.model.get('name', '?')}**", f"{len(tr.prompt_ids)} prompt tokens"]
+    name = escape.markdown(tr.model.get("name", "?"))
+    bits = [f"model **{name}**", f"{len(tr.prompt_ids)} prompt tokens"]
     if isinstance(dec, runner.TraceRun) and dec.source:
-        bits.append(f"recorded run **{dec.source}**: no model run")
+        bits.append(f"recorded run **{escape.markdown(dec.source)}**: no model run")
     st.caption(" · ".join([*bits, f"**{len(tr.steps)} tokens generated · {state}**"]))
     if runner.is_stale(sess, settings) and j is None:
         st.info(
@@ -186,7 +188,7 @@ if len(bs) > 1:
 
     def _label(i: int) -> str:
         b = bs[i]
-        return f"{i} · {b.note} · {b.decoder.n_steps} tokens"
+        return f"{i} · {escape.markdown(b.note)} · {b.decoder.n_steps} tokens"
 
     st.radio(
         "Branches", list(range(len(bs))), key="branch_pick", format_func=_label,
@@ -219,7 +221,7 @@ if ctx.steps and runner.job(sess) is None:
     res = ctx.result(i)
     c1, c2 = st.columns([3, 2])
     with c1:
-        st.subheader(f"Step {i}: {rec.token_text!r}")
+        st.subheader(f"Step {i}: {escape.markdown(display_token(rec.token_text))}")
         stages = charts.step_stages(rec, res)
         keep = {k: stages[k] for k in ("raw", "final") if k in stages}
         labels = ctx.labels(rec.cand_ids[: charts.TOP].tolist())
@@ -228,7 +230,7 @@ if ctx.steps and runner.job(sess) is None:
         fig = charts.distribution_figure(
             labels, keep, kept=kept, chosen=chosen, mode="overlay", top=15
         )
-        st.plotly_chart(fig, key="gen_alternatives", config={"displaylogo": False})
+        views.chart(fig, key="gen_alternatives")
     with c2:
         st.subheader("Top alternatives")
         rows = []
@@ -238,7 +240,7 @@ if ctx.steps and runner.job(sess) is None:
             rows.append(
                 {
                     "rank": r + 1,
-                    "token": labels[r],
+                    "token": display_token(labels[r]),
                     "raw p": float(raw[r]),
                     "final p": float(final[r]) if len(final) else float("nan"),
                     "taken": "◀" if r == rec.chosen_rank else "",
@@ -246,14 +248,15 @@ if ctx.steps and runner.job(sess) is None:
             )
         st.dataframe(rows, hide_index=True, width="stretch")
         m1, m2, m3 = st.columns(3)
-        m1.metric("entropy", f"{(res.entropy_raw if res else rec.entropy):.2f} nats")
-        m2.metric("kept", f"{res.n_kept if res else rec.n_kept}")
-        m3.metric("T", f"{(res.temperature if res else rec.temperature):.2f}")
+        # units in the labels: a value with its unit is cut on a narrow column ("2.46 …")
+        m1.metric("entropy, nats", f"{(res.entropy_raw if res else rec.entropy):.2f}")
+        m2.metric("kept, tokens", f"{res.n_kept if res else rec.n_kept}")
+        m3.metric("temperature", f"{(res.temperature if res else rec.temperature):.2f}")
         alt_ids = [int(t) for t in rec.cand_ids[:10].tolist() if int(t) != rec.token_id]
         b1, b2 = st.columns([3, 2], vertical_alignment="bottom")
         b1.selectbox(
             "Branch here with", alt_ids, key="branch_tok",
-            format_func=lambda t: repr(ctx.labels([t])[0]),
+            format_func=lambda t: display_token(ctx.labels([t])[0]),
             help="Take this token at this step instead, keep the current branch, and decode "
             "on as far as the run went. Clicking a row in a token's hover card does the same.",
         )  # fmt: skip

@@ -13,7 +13,9 @@ from functools import lru_cache
 
 import streamlit as st
 
+from semviz import escape
 from semviz.sampling import PruneParams
+from semviz.style import display_token
 from ui import runner, whatif
 from ui.errors import guard, message
 from ui.model import get_model
@@ -322,7 +324,7 @@ def status_line(ctx: PageContext, *, here: bool = False) -> None:
         return
     tr = dec.trace
     bits = [
-        f"model **{tr.model.get('name', '?')}**",
+        f"model **{escape.markdown(tr.model.get('name', '?'))}**",
         f"{len(tr.prompt_ids)} prompt tokens",
         f"**{len(tr.steps)}** steps",
     ]
@@ -330,7 +332,7 @@ def status_line(ctx: PageContext, *, here: bool = False) -> None:
     if len(bs) > 1:
         bits.append(f"branch {runner.current_branch(ctx.sess)} of {len(bs) - 1}")
     if isinstance(dec, runner.TraceRun) and dec.source:
-        bits.append(f"recorded run **{dec.source}** (no model run)")
+        bits.append(f"recorded run **{escape.markdown(dec.source)}** (no model run)")
     j = runner.job(ctx.sess)
     if j is not None:
         bits.append("working…")
@@ -365,11 +367,12 @@ def whatif_banner(ctx: PageContext) -> None:
     else:
         k = wi.first_diff
         rec = ctx.steps[k]
-        new = ctx.labels([wi.token_ids[k]])[0]
+        new = escape.markdown(display_token(ctx.labels([wi.token_ids[k]])[0]))
+        old = escape.markdown(display_token(rec.token_text))
         c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.warning(
-            f"What-if: with these sliders step **{k}** would pick {new!r} instead of "
-            f"{rec.token_text!r} (replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, "
+            f"What-if: with these sliders step **{k}** would pick **{new}** instead of "
+            f"**{old}** (replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, "
             "no model run). Views show the replay; steps from the marked one on are "
             "counterfactual.",
             icon=":material/alt_route:",

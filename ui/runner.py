@@ -32,8 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from semviz import escape
 from semviz.decoding import Decoder, DecodeSettings, encode_prompt
 from semviz.sampling import PruneParams
+from semviz.style import display_token
 from semviz.trace import Trace
 from ui import kv
 from ui.errors import message
@@ -340,9 +342,11 @@ def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) ->
         n_old, base_params = cur.n_steps, cur.params
         dec, forced, build = _fork_at(sess, settings, k)
         label = _label(cur, token_id)
-        _add_branch(sess, dec, k, f"{label!r} at step {k} (was {old.token_text!r})")
+        was = display_token(old.token_text)
+        _add_branch(sess, dec, k, f"{display_token(label)} at step {k} (was {was})")
         sess.selected = k
-        _start(sess, Job("branch", f"Branching at step {k} with {label!r}",
+        shown = escape.markdown(display_token(label))  # the label is shown as markdown
+        _start(sess, Job("branch", f"Branching at step {k} with {shown}",
                          forced=[*forced, int(token_id)], recorded=len(forced),
                          sample=max(0, n_old - k - 1), build=build, params=base_params,
                          select=k))  # fmt: skip

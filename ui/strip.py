@@ -22,79 +22,104 @@ from typing import Any
 import streamlit as st
 import torch
 
+from semviz import style
+
 MAX_TOKENS_SHOWN = 1500
 ALTERNATIVES = 6  # rows in the hover card
 PROMPT_CHARS = 240
 
-# sequential ramps, light → dark; probability and entropy must not look alike
+
+def _rgb(color: str) -> list[int]:
+    """``rgb(r, g, b)`` (``style.shade``) as three ints."""
+    return [int(float(x)) for x in color[color.index("(") + 1 : color.index(")")].split(",")]
+
+
+# Each scale is the palette's (``style.PROBABILITY_SCALE``, ``style.ENTROPY_SCALE``): its
+# strong end painted with an opacity that grows with the value, so the chip reads on a light
+# and on a dark page; the text on a strong chip takes the scale's pale end.
 SCALES = {
     "probability": {
-        "rgb": [37, 99, 235],  # blue: darker = less likely
+        "rgb": _rgb(style.shade(0.8, style.PROBABILITY_SCALE)),  # darker = less likely
+        "ink": style.shade(0.0, style.PROBABILITY_SCALE),
         "lo": "p = 1",
         "hi": "p ≤ 0.001 (a third of the bar per factor 10)",
         "title": "chosen token's probability",
     },
     "entropy": {
-        "rgb": [217, 95, 2],  # orange: darker = more uncertain
+        "rgb": _rgb(style.shade(1.0, style.ENTROPY_SCALE)),  # darker = more uncertain
+        "ink": style.shade(0.0, style.ENTROPY_SCALE),
         "lo": "H = 0",
         "hi": "H = {hmax:.1f} nats (the run's highest)",
         "title": "entropy of the step (nats)",
     },
 }
 
-CSS = """
-.semviz-strip-root { font-size: 14px; }
-.semviz-strip {
+GREY = style.REFERENCE
+
+
+def css() -> str:
+    """The strip's style sheet: theme colours from Streamlit's ``--st-*`` variables (with the
+    system colours as fallbacks), marks from the palette: the selected step in the focus
+    yellow, the first what-if step and the ghost text in the what-if pink."""
+    focus, whatif = style.FOCUS, style.WHATIF
+    line, faint = style.rgba(GREY, 0.45), style.rgba(GREY, 0.35)
+    return f"""
+.semviz-strip-root {{ font-size: 14px; }}
+.semviz-strip {{
   font-family: ui-monospace, SFMono-Regular, Menlo, monospace; line-height: 2.0;
   white-space: pre-wrap; word-break: break-word; max-height: 340px; overflow-y: auto;
-  border: 1px solid var(--st-border-color, rgba(128,128,128,.35)); border-radius: 8px;
-  padding: 8px 10px; color: var(--st-text-color, inherit);
+  border: 1px solid var(--st-border-color, {faint}); border-radius: 8px;
+  padding: 8px 10px; color: var(--st-text-color, CanvasText);
   background: var(--st-background-color, transparent);
-}
-.semviz-strip .prompt { opacity: .55; }
-.semviz-strip .tok, .semviz-strip .ghost {
+}}
+.semviz-strip .prompt {{ opacity: .55; }}
+.semviz-strip .tok, .semviz-strip .ghost {{
   border-radius: 3px; padding: 1px 1px; margin-right: 1px; cursor: pointer;
-  box-shadow: inset 0 -1px 0 rgba(128,128,128,.45);
-}
-.semviz-strip .tok:hover, .semviz-strip .tok:focus {
-  outline: 1px solid var(--st-text-color, #333); outline-offset: 0; }
-.semviz-strip .tok.sel { outline: 2px solid var(--st-text-color, #000); outline-offset: 1px; }
-.semviz-strip .tok.changed { opacity: .6; }
-.semviz-strip .tok.first { box-shadow: inset 0 -3px 0 #d62728; }
-.semviz-strip .lanes { display: block; margin: 6px 0 2px;
-  border-left: 3px solid #d62728; padding-left: 8px; }
-.semviz-strip .lane { display: block; }
-.semviz-strip .lane-label {
+  box-shadow: inset 0 -1px 0 {line};
+}}
+.semviz-strip .tok:hover, .semviz-strip .tok:focus {{
+  outline: 1px solid currentColor; outline-offset: 0; }}
+.semviz-strip .tok.sel {{ box-shadow: 0 0 0 3px {focus}; }}
+.semviz-strip .tok.changed {{ opacity: .6; }}
+.semviz-strip .tok.first {{ box-shadow: inset 0 -3px 0 {whatif}; }}
+.semviz-strip .tok.sel.first {{ box-shadow: 0 0 0 3px {focus}, inset 0 -3px 0 {whatif}; }}
+.semviz-strip .lanes {{ display: block; margin: 6px 0 2px;
+  border-left: 3px solid {whatif}; padding-left: 8px; }}
+.semviz-strip .lane {{ display: block; }}
+.semviz-strip .lane-label {{
   display: inline-block; min-width: 5.5em; font-family: var(--st-font, sans-serif);
-  font-size: 11px; text-transform: uppercase; letter-spacing: .04em; opacity: .7; }
-.semviz-strip .ghost {
-  font-style: italic; opacity: .75; cursor: default;
-  box-shadow: none; border-bottom: 1px dashed rgba(128,128,128,.8); border-radius: 0; }
-.semviz-strip .pending { opacity: .6; font-style: italic; }
-.semviz-legend { display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center;
-  font-size: 12px; opacity: .85; margin-top: 6px; font-family: var(--st-font, sans-serif); }
-.semviz-legend .bar { display: inline-block; width: 140px; height: 10px; border-radius: 3px;
-  vertical-align: middle; margin: 0 6px; border: 1px solid rgba(128,128,128,.4); }
-.semviz-card {
+  font-size: 11px; text-transform: uppercase; letter-spacing: .04em; opacity: .7; }}
+.semviz-strip .ghost {{
+  font-style: italic; opacity: .85; cursor: default;
+  box-shadow: none; border-bottom: 2px dashed {whatif}; border-radius: 0; }}
+.semviz-strip .pending {{ opacity: .6; font-style: italic; }}
+.semviz-legend {{ display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center;
+  font-size: 12px; opacity: .85; margin-top: 6px; font-family: var(--st-font, sans-serif); }}
+.semviz-legend .bar {{ display: inline-block; width: 140px; height: 10px; border-radius: 3px;
+  vertical-align: middle; margin: 0 6px; border: 1px solid {style.rgba(GREY, 0.4)}; }}
+.semviz-legend .mark {{ display: inline-block; width: 14px; height: 10px; border-radius: 2px;
+  vertical-align: middle; margin-right: 4px; }}
+.semviz-card {{
   position: fixed; z-index: 1000; max-width: 460px; min-width: 280px; padding: 8px 10px;
   border-radius: 8px; font-size: 12px; line-height: 1.45;
   font-family: var(--st-font, sans-serif);
-  color: var(--st-text-color, #111); background: var(--st-background-color, #fff);
-  border: 1px solid var(--st-border-color, rgba(128,128,128,.5));
-  box-shadow: 0 6px 24px rgba(0,0,0,.25);
-}
-.semviz-card .head { font-weight: 600; margin-bottom: 4px; }
-.semviz-card table { border-collapse: collapse; width: 100%; }
-.semviz-card th { font-weight: 500; opacity: .7; text-align: right; padding: 1px 5px; }
-.semviz-card td { text-align: right; padding: 1px 5px; font-variant-numeric: tabular-nums; }
-.semviz-card td.t, .semviz-card th.t { text-align: left; font-family: ui-monospace, monospace;
-  white-space: pre; max-width: 140px; overflow: hidden; text-overflow: ellipsis; }
-.semviz-card tr.alt { cursor: pointer; }
-.semviz-card tr.alt:hover, .semviz-card tr.alt:focus {
-  background: var(--st-secondary-background-color, rgba(128,128,128,.15)); outline: none; }
-.semviz-card tr.taken td { font-weight: 600; }
-.semviz-card .hint { opacity: .7; margin-top: 4px; }
+  color: var(--st-text-color, CanvasText); background: var(--st-background-color, Canvas);
+  border: 1px solid var(--st-border-color, {style.rgba(GREY, 0.5)});
+  box-shadow: 0 6px 24px {style.rgba(GREY, 0.45)};
+}}
+.semviz-card .head {{ font-weight: 600; margin-bottom: 4px; }}
+.semviz-card table {{ border-collapse: collapse; width: 100%; }}
+.semviz-card th {{ font-weight: 500; opacity: .7; text-align: right; padding: 1px 5px; }}
+.semviz-card td {{ text-align: right; padding: 1px 5px; font-variant-numeric: tabular-nums; }}
+.semviz-card td.t, .semviz-card th.t {{ text-align: left; font-family: ui-monospace, monospace;
+  white-space: pre; max-width: 140px; overflow: hidden; text-overflow: ellipsis; }}
+.semviz-card tr.alt {{ cursor: pointer; }}
+.semviz-card tr.alt:hover, .semviz-card tr.alt:focus {{
+  background: var(--st-secondary-background-color, {style.rgba(GREY, 0.15)}); outline: none; }}
+.semviz-card tr.taken td {{ font-weight: 600; }}
+.semviz-card .hint {{ opacity: .7; margin-top: 4px; }}
 """
+
 
 JS = r"""
 const show = (t) => (t === "" ? "∅" : t.replace(/\n/g, "↵\n"));
@@ -114,7 +139,7 @@ function tokSpan(d, t, extra) {
   s.tabIndex = 0;
   s.textContent = show(text);
   s.style.background = color(d.rgb, v);
-  if (v > 0.62) s.style.color = "#fff";
+  if (v > 0.62) s.style.color = d.ink;
   return s;
 }
 
@@ -200,7 +225,12 @@ function legend(root, d) {
   bar.style.background = `linear-gradient(90deg, ${color(d.rgb, 0)}, ${color(d.rgb, 1)})`;
   sc.append(bar, d.scale.hi);
   lg.appendChild(sc);
-  for (const s of d.hints) { const h = document.createElement("span"); h.textContent = s; lg.appendChild(h); }
+  for (const [text, mark] of d.hints) {
+    const h = document.createElement("span");
+    if (mark) { const m = document.createElement("span"); m.className = "mark"; m.style.background = mark; h.appendChild(m); }
+    h.append(text);
+    lg.appendChild(h);
+  }
 }
 
 function card(root, step, anchor) {
@@ -229,7 +259,7 @@ function card(root, step, anchor) {
     tr.className = taken ? "taken" : "alt";
     const td = document.createElement("td");
     td.className = "t";
-    td.textContent = (taken ? "▶ " : "") + JSON.stringify(text);
+    td.textContent = (taken ? "▶ " : "") + text;
     tr.appendChild(td);
     for (const p of probs) { const x = document.createElement("td"); x.textContent = fmt(p); tr.appendChild(x); }
     if (!taken && d.branchable) {
@@ -314,7 +344,7 @@ def _component():
     global _COMPONENT
     if _COMPONENT is None:
         _COMPONENT = st.components.v2.component(
-            "semviz_token_strip", css=CSS, js=JS, isolate_styles=False
+            "semviz_token_strip", css=css(), js=JS, isolate_styles=False
         )
     return _COMPONENT
 
@@ -350,9 +380,12 @@ def payload(
     prompt = "".join(tr.prompt_tokens)
     if len(prompt) > PROMPT_CHARS:
         prompt = "…" + prompt[-PROMPT_CHARS:]
-    hints = ["outline: selected step (click a token)", "hover: alternatives"]
+    # [text, colour of its mark or None]
+    hints = [["selected step (click a token)", style.FOCUS], ["hover: alternatives", None]]
     if whatif:
-        hints.append(f"red bar: the sliders change step {first}; below it, what-if ghost text")
+        hints.append(
+            [f"the sliders change step {first}; below it, what-if ghost text", style.WHATIF]
+        )
     return {
         "prompt": prompt,
         "skipped": start,
@@ -362,6 +395,7 @@ def payload(
         "first_diff": first,
         "ghost": ghost,
         "rgb": scale.pop("rgb"),
+        "ink": scale.pop("ink"),
         "scale": scale,
         "alts": alts,
         "hints": hints,
@@ -375,7 +409,7 @@ def _card(ctx, i: int, stages: list[str], whatif: bool) -> dict:
     ids = rec.cand_ids[:k].tolist()
     rows_ids = ids if rec.chosen_rank < 0 or rec.chosen_rank < k else [*ids, rec.token_id]
     ranks = list(range(k)) if len(rows_ids) == k else [*range(k), rec.chosen_rank]
-    labels = ctx.labels(rows_ids)
+    labels = [style.display_token(t) for t in ctx.labels(rows_ids)]  # whitespace shows
     res = ctx.result(i) if whatif else None
     # a stage that changed nothing at this step (gravity at λ 0, T 1) is left out of the card
     shown = [name for j, name in enumerate(stages)
@@ -395,7 +429,7 @@ def _card(ctx, i: int, stages: list[str], whatif: bool) -> dict:
         rows.append([int(tid), lab, probs, r == rec.chosen_rank])
     p = rec.chosen_prob
     head = (
-        f"step {i} · {rec.token_text!r} · p {p:.3f} · H {rec.entropy:.2f} nats · "
+        f"step {i} · {style.display_token(rec.token_text)} · p {p:.3f} · H {rec.entropy:.2f} nats · "
         f"kept {rec.n_kept} · T {rec.temperature:.2f}"
     )
     return {"head": head, "rows": rows, "stages": [*shown, "what-if"] if whatif else shown}

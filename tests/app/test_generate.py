@@ -10,6 +10,7 @@ from streamlit.runtime.scriptrunner_utils.exceptions import RerunException, Stop
 from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 
 from semviz.decoding import Decoder, DecodeSettings
+from semviz.style import display_token
 from semviz.trace import Trace
 from tests.app.conftest import APP, GENERATE, TIMEOUT, run_steps
 from ui import examples, runner
@@ -118,8 +119,10 @@ def test_branch_from_an_alternative_keeps_the_old_branch(app):
     old = list(old_dec.trace.token_ids)
     sess(at).selected = 3
     at.run()
-    alt = at.selectbox(key="branch_tok").options[0]
-    at.selectbox(key="branch_tok").select_index(0).run()
+    box = at.selectbox(key="branch_tok")
+    alt = box.options[0]  # as shown: style.display_token
+    box.select_index(0).run()
+    alt_id = at.selectbox(key="branch_tok").value
     at.button(key="btn_branch").click().run()
     finish_job(at)
     assert not errors(at)
@@ -127,7 +130,8 @@ def test_branch_from_an_alternative_keeps_the_old_branch(app):
     assert len(bs) == 2 and bs[0].decoder is old_dec
     new = sess(at).decoder.trace.token_ids
     assert new[:3] == old[:3] and len(new) == 8
-    assert at.session_state["semviz"].decoder.lm.tokenizer.decode([new[3]]) == alt.strip("'")
+    assert new[3] == alt_id
+    assert display_token(sess(at).decoder.lm.tokenizer.decode([new[3]])) == alt
     assert old_dec.trace.token_ids == old  # the old branch is untouched
     # switch back: instant, the same decoder and tokens
     at.radio(key="branch_pick").set_value(0).run()
