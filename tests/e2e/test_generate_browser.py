@@ -20,13 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from semviz.style import display_token
 from tests.e2e.conftest import ARTIFACTS, ROOT
 from tests.e2e.test_browser import no_traceback, tokens, wait_idle
+from ui.state import DEFAULT_PROMPT
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = "sea.json"
 EXAMPLE_TITLE = "The sea, at the app's defaults"
+PROMPT = DEFAULT_PROMPT  # the example was recorded from it, at the defaults
 
 
 def shown(texts: list[str]) -> list[str]:
@@ -90,6 +93,7 @@ def test_front_door_and_an_example_without_a_model_run(browser, app_url):
 
         got = open_example(page)
         recorded = json.loads((ROOT / "data" / "examples" / EXAMPLE).read_text())
+        assert recorded["prompt"] == PROMPT
         assert shown(got) == [s["token_text"] for s in recorded["steps"]]
         assert "no model run" in page.inner_text("body")
         assert query(page)["steps"] == str(len(recorded["steps"]))
@@ -121,7 +125,7 @@ def test_click_a_token_then_branch_from_an_alternative(browser, app_url):
         card.wait_for(timeout=10_000)
         assert card.locator("th").all_inner_texts()[:2] == ["token", "raw"]
         alt = card.locator("tr.alt").first
-        alt_text = json.loads(alt.locator("td").first.inner_text())
+        alt_text = alt.locator("td").first.inner_text()  # shown as style.display_token
         page.screenshot(path=str(ARTIFACTS / "generate_hover.png"))
         alt.click()  # branch from step 3 with that token
         options = page.locator('.st-key-branch_pick [role="radiogroup"] label')
@@ -131,7 +135,7 @@ def test_click_a_token_then_branch_from_an_alternative(browser, app_url):
         no_traceback(page)
         after = shown(tokens(page))
         assert after[:3] == shown(before)[:3]
-        assert after[3] == alt_text
+        assert display_token(after[3]) == alt_text
         assert options.count() == 2
         page.screenshot(path=str(ARTIFACTS / "generate_branch.png"))
         # the old branch is still there: switch back
@@ -142,10 +146,10 @@ def test_click_a_token_then_branch_from_an_alternative(browser, app_url):
         ctx.close()
 
 
-def test_slider_move_shows_ghost_text(browser, app_url):
+def test_slider_move_shows_ghost_text_the_model_decodes(browser, app_url, tmp_path):
     ctx, page = open_page(browser, app_url)
     try:
-        open_example(page)
+        recorded = shown(open_example(page))
         slider = page.get_by_role("slider", name="Temperature")
         slider.focus()
         for _ in range(16):  # 0.8 -> 0.0: greedy
@@ -161,16 +165,31 @@ def test_slider_move_shows_ghost_text(browser, app_url):
             time.sleep(0.5)
         wait_idle(page)
         assert ghost.count() > 1
+        k = int(page.locator(".semviz-strip .tok.first").get_attribute("data-step"))
+        assert ghost.first.get_attribute("data-step") == str(k)
+        got = shown(ghost.all_inner_texts())
         page.screenshot(path=str(ARTIFACTS / "generate_ghost.png"))
     finally:
         ctx.close()
+    # The ghost is the model's own continuation, not the replay's per-step picks: at T = 0 the
+    # recorded steps before k are the greedy ones (k is the first the sliders change), so a
+    # greedy CLI run from the prompt is the recorded run up to k, then exactly the ghost.
+    want = cli_tokens(PROMPT, k + len(got), 0, 0.0, tmp_path)
+    assert want[:k] == recorded[:k]
+    assert want[k:] == got
 
 
 def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
     ctx, page = open_page(browser, app_url, "/generate?seed=4&temperature=0.9&run_n=6")
     try:
+        no_traceback(page)
+        page.screenshot(path=str(ARTIFACTS / "generate_before_run.png"))
         page.get_by_role("button", name="Run 6", exact=True).click()
         wait_done(page, 6)
+        no_traceback(page)
+        assert len(tokens(page)) == 6  # the strip shows the run with no reload
+        page.screenshot(path=str(ARTIFACTS / "generate_after_run.png"))
+        page.screenshot(path=str(ARTIFACTS / "generate_after_run_full.png"), full_page=True)
         page.locator(".semviz-strip .tok").nth(2).click()
         wait_idle(page)
         page.get_by_role("link", name="Thermodynamics").first.click()
@@ -207,7 +226,9 @@ def test_stop_on_a_long_task(browser, app_url):
         deadline = time.time() + 300
         while time.time() < deadline and len(tokens(page)) < 3:
             time.sleep(0.3)
-        page.locator(".st-key-job_stop button").click()
+        # While a fragment rerun replaces the panel, the old Stop can sit beside the new one
+        # for a moment (marked stale); both are the same widget, so click the live one.
+        page.locator('.st-key-job_stop:not([data-stale="true"]) button').first.click()
         m = wait_text(page, r"stopped after (\d+) tokens; they are kept", 60)
         n = wait_done(page)
         assert n == int(m.group(1)) and 3 <= n < 400
@@ -232,7 +253,6 @@ def cli_tokens(prompt: str, n: int, seed: int, temperature: float, tmp: Path) ->
 
 
 def test_ten_fast_step_clicks_give_the_cli_tokens(browser, app_url, tmp_path):
-    prompt = "Write one sentence about the sea."
     ctx, page = open_page(browser, app_url, "/generate?seed=0")
     try:
         step = page.get_by_role("button", name="Step", exact=True)
@@ -242,13 +262,22 @@ def test_ten_fast_step_clicks_give_the_cli_tokens(browser, app_url, tmp_path):
             if step.is_enabled():
                 step.click(timeout=5_000)
             time.sleep(0.3)
+        # clicks that arrived during a step wait for it and then run, in order: the page can
+        # read "ready" between two of them, so wait until the count holds still
         n = wait_done(page)
+        while True:
+            time.sleep(3)
+            again = wait_done(page)
+            if again == n:
+                break
+            n = again
         got = shown(tokens(page))
+        assert len(got) == n
         no_traceback(page)
         assert not page.locator('[data-testid="stAlertContentError"]').count()
     finally:
         ctx.close()
-    want = cli_tokens(prompt, n, 0, 0.8, tmp_path)
+    want = cli_tokens(PROMPT, n, 0, 0.8, tmp_path)
     (ARTIFACTS / "fast_clicks.json").write_text(json.dumps({"app": got, "cli": want}, indent=1))
     assert 2 <= n <= 11
     assert got == want
