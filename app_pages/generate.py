@@ -230,6 +230,9 @@ if ctx.steps and runner.job(sess) is None:
         fig = charts.distribution_figure(
             labels, keep, kept=kept, chosen=chosen, mode="overlay", top=15
         )
+        # on hover Plotly's modebar covers the top right of this half-width chart: give it a
+        # row of its own above the legend
+        fig.update_layout(margin={"t": 60})
         views.chart(fig, key="gen_alternatives")
     with c2:
         st.subheader("Top alternatives")

@@ -189,7 +189,13 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         no_traceback(page)
         assert len(tokens(page)) == 6  # the strip shows the run with no reload
         page.screenshot(path=str(ARTIFACTS / "generate_after_run.png"))
-        page.screenshot(path=str(ARTIFACTS / "generate_after_run_full.png"), full_page=True)
+        # the page scrolls inside Streamlit's main block, not the document: scroll to the
+        # selected step's details for the second picture
+        head = page.get_by_role("heading", name="Top alternatives")
+        head.evaluate("(e) => e.scrollIntoView({block: 'start'})")
+        page.locator(".js-plotly-plot").first.hover()  # the modebar shows, over the top right
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "generate_after_run_details.png"))
         page.locator(".semviz-strip .tok").nth(2).click()
         wait_idle(page)
         page.get_by_role("link", name="Thermodynamics").first.click()
