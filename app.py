@@ -1,13 +1,27 @@
 """semviz: watch, and steer, a real language model choosing its next token.
 
-Run with ``make run`` (``streamlit run app.py``). Pages are listed in ``ui/nav.py``; each one
-starts with ``ui.page.context(...)``, which draws the shared sidebar (kept across pages).
+Run with ``make run`` (``streamlit run app.py``). Pages are listed in ``ui/nav.py``; the root
+URL opens the front door (Home), which imports nothing heavy and paints at once while torch
+and transformers are imported here in the background, once per server process. Every other
+page starts with ``ui.page.context(...)``, which draws the shared sidebar (kept across pages).
 Set ``SEMVIZ_MODEL`` to a model folder to open with another default model.
 """
+
+import importlib
+import sys
+import threading
 
 import streamlit as st
 
 from ui import nav
 
-st.set_page_config(page_title="semviz", page_icon="🔭", layout="wide")
+WARM = "semviz-warm-imports"
+if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.enumerate()):
+    # an import in another thread holds the module's import lock: a page that needs it
+    # meanwhile waits for this import instead of starting a second one
+    threading.Thread(
+        target=importlib.import_module, args=("ui.runner",), name=WARM, daemon=True
+    ).start()
+
+st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", layout="wide")
 st.navigation(nav.st_pages(), expanded=True).run()

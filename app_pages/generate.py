@@ -1,128 +1,227 @@
-"""Generate: step, run N, play / pause, stop, reset; the text as tokens, each step's alternatives."""
+"""Generate: the prompt, Step / Run / Play, the token strip (click a token, hover for its
+alternatives, click one to branch), the what-if ghost text, branches, each step's details."""
 
 import numpy as np
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from semviz import charts
+from semviz import charts, escape
+from semviz.style import display_token
 from ui import page, runner, views
 from ui.errors import message
 
-TICK_SECONDS = 0.35  # decode time per play tick; a Stop click waits at most this long
-TICK_EVERY = 0.5
-
-ctx = page.context("Generate")
+ctx = page.context("Generate", header=False)
 sess = ctx.sess
 settings = ctx.settings
+job = runner.job(sess)
 
-
-def _stop_playing() -> None:
-    sess.playing = False
-    sess.run_target = None
+st.text_area(
+    "Prompt",
+    key="s_prompt",
+    height=96,
+    placeholder="Type the text for the model to continue, then press Step or Run.",
+    help="With the chat template on (sidebar) the prompt is the user's message.",
+)
 
 
 def _act(kind: str) -> None:
-    """Button callbacks: they run before the page is drawn, so no rerun is needed."""
-    sess.error = sess.notice = None
+    """Button callbacks: they run before the page is drawn, so no rerun is needed.
+
+    They read the settings afresh: a prompt typed just before the click arrives with it."""
+    sess.error = None
+    s = page.current_settings()
     try:
         if kind == "reset":
-            runner.reset(sess, settings)
+            runner.reset(sess, s)
         elif kind == "step":
-            runner.step(sess, settings, 1)
-        elif kind in ("run", "play"):
-            dec = runner.ensure_decoder(sess, settings)
-            sess.run_target = dec.n_steps + int(settings.run_n) if kind == "run" else None
-            sess.playing = not dec.done
-            if dec.done:
-                sess.notice = f"The run has stopped ({dec.stop_reason}): press Reset to start over."
-        elif kind in ("pause", "stop"):
-            _stop_playing()
+            if runner.needs_build(sess, s):
+                runner.start(sess, s, "run", 1)  # the prefill shows its spinner
+            else:
+                runner.step(sess, s, 1)
+        elif kind == "run":
+            runner.start(sess, s, "run", int(s.run_n))
+        elif kind == "play":
+            runner.start(sess, s, "play", None)
+        elif kind == "pause":
+            page._stop_job(sess)
     except Exception as exc:  # shown by the page header; the session's run is kept
-        _stop_playing()
         sess.error = message(exc)
 
 
-def _in_fragment_run() -> bool:
-    ctx_ = get_script_run_ctx()
-    return bool(ctx_ is not None and ctx_.fragment_ids_this_run)
+# a horizontal container wraps on a narrow screen instead of stacking one button per row
+bar = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
+bar.button(
+    "Step", key="btn_step", type="primary", disabled=job is not None, on_click=_act,
+    args=("step",), help="Decode one token with the current sliders.",
+)  # fmt: skip
+bar.button(
+    f"Run {settings.run_n}", key="btn_run", disabled=job is not None, on_click=_act,
+    args=("run",), help="Decode this many tokens (set N in the sidebar).",
+)  # fmt: skip
+if job is not None and job.kind == "play":
+    bar.button("Pause", key="btn_pause", on_click=_act, args=("pause",))
+else:
+    bar.button(
+        "Play", key="btn_play", on_click=_act, args=("play",), disabled=job is not None,
+        help="Decode until Pause, the end of text or the token limit.",
+    )  # fmt: skip
+bar.button(
+    "Reset", key="btn_reset", on_click=_act, args=("reset",),
+    help="Start over from the prompt (stops any task).",
+)  # fmt: skip
+color_by = (
+    bar.segmented_control(
+        "Colour tokens by",
+        ["probability", "entropy"],
+        default="probability",
+        key="color_by",
+        label_visibility="collapsed",
+    )  # fmt: skip
+    or "probability"
+)
 
 
-def _tick() -> None:
-    """One play tick: decode for ~TICK_SECONDS, then hand back to the browser."""
-    dec = sess.decoder
-    n = dec.n_steps if dec is not None else 0
-    limit = (sess.run_target - n) if sess.run_target is not None else 10**9
-    made = 0
+def _branch(k: int, token_id: int) -> None:
+    sess.error = None
     try:
-        made = runner.step_for(sess, settings, TICK_SECONDS, max(limit, 0))
+        runner.branch_from(sess, page.current_settings(), k, token_id)
     except Exception as exc:
         sess.error = message(exc)
-        made = 0
-    dec = sess.decoder
-    finished = (
-        made == 0
-        or dec is None
-        or dec.done
-        or (sess.run_target is not None and dec.n_steps >= sess.run_target)
-    )
-    if finished:
-        _stop_playing()
-        if _in_fragment_run():
-            st.rerun()  # the whole page catches up once playing stops
+    sess.extra["rerun_app"] = True
 
 
-cols = st.columns([1, 1, 1, 1, 1, 3])
-cols[0].button(
-    "Step", key="btn_step", type="primary", disabled=sess.playing, on_click=_act, args=("step",)
-)
-cols[1].button(
-    f"Run {settings.run_n}", key="btn_run", disabled=sess.playing, on_click=_act, args=("run",)
-)
-if sess.playing:
-    cols[2].button("Pause", key="btn_pause", on_click=_act, args=("pause",))
-else:
-    cols[2].button("Play", key="btn_play", on_click=_act, args=("play",))
-cols[3].button("Stop", key="btn_stop", disabled=not sess.playing, on_click=_act, args=("stop",))
-cols[4].button("Reset", key="btn_reset", on_click=_act, args=("reset",))
-color_by = cols[5].segmented_control(
-    "Colour tokens by", ["probability", "entropy"], default="probability", key="color_by"
-)
+def _select(i: int) -> None:
+    n = len(ctx.steps)
+    sess.selected = None if i >= n - 1 else int(i)
+    sess.extra["rerun_app"] = True
 
 
-@st.fragment(run_every=TICK_EVERY if sess.playing else None)
+def _ghost_work(do: bool) -> bool:
+    """The what-if continuation: made ready on a full run, decoded in the fragment's ticks."""
+    k = ctx.first_diff
+    if k is None or ctx.params is None:
+        return False
+    g = runner.ghost(sess, settings, ctx.params, k)
+    if g is None:
+        return False
+    if do:
+        return not runner.ghost_tick(sess)
+    return not g.complete
+
+
+def _ghost_payload() -> dict | None:
+    k = ctx.first_diff
+    if k is None:
+        return None
+    g = sess.extra.get("ghost")
+    rest = len(ctx.steps) - k
+    if g is not None and g.at == k and g.tokens:
+        texts = [s.token_text for s in g.decoder.trace.steps[k:]]
+        if not g.complete:
+            note = "… decoding"
+        elif g.decoder.done:
+            note = f"[{g.decoder.stop_reason}]"
+        elif len(texts) < rest:
+            note = f"… (first {len(texts)} of {rest}; Regenerate decodes the rest)"
+        else:
+            note = ""
+        return {"tokens": texts, "note": note}
+    # until the model has decoded it, the replay's pick at step k (exact, no model run)
+    first = ctx.labels([ctx.wi.token_ids[k]])[0]
+    if g is not None and g.error:
+        note = f"… (the continuation was not decoded: {g.error})"
+    elif g is not None and g.forced:
+        note = f"… re-feeding the {k} recorded tokens before it, then decoding"
+    elif g is None:
+        note = "…"
+    else:
+        note = "… decoding"
+    return {"tokens": [first], "note": note}
+
+
 def live() -> None:
-    if sess.playing:
-        _tick()
+    """Status and token strip; inside the job fragment while a task runs, so they stream."""
+    ctx.update_whatif()
     dec = sess.decoder
     if dec is None:
-        st.info("Type a prompt in the sidebar and press **Step** (one token) or **Play**.")
+        page.status_line(ctx, here=True)
         return
+    j = runner.job(sess)
+    state = (
+        "working…" if j is not None else (f"stopped: {dec.stop_reason}" if dec.done else "ready")
+    )
     tr = dec.trace
-    state = "playing…" if sess.playing else (f"stopped: {dec.stop_reason}" if dec.done else "ready")
-    st.caption(f"{len(tr.steps)} tokens generated · {state}")
-    views.token_strip(ctx, color_by or "probability")
+    name = escape.markdown(tr.model.get("name", "?"))
+    bits = [f"model **{name}**", f"{len(tr.prompt_ids)} prompt tokens"]
+    if isinstance(dec, runner.TraceRun) and dec.source:
+        bits.append(f"recorded run **{escape.markdown(dec.source)}**: no model run")
+    st.caption(" · ".join([*bits, f"**{len(tr.steps)} tokens generated · {state}**"]))
+    if runner.is_stale(sess, settings) and j is None:
+        st.info(
+            "The prompt, model, seed or cache policy changed: the next **Step** starts a new "
+            "run. The strip still shows the current run.",
+            icon=":material/info:",
+        )
+    if tr.steps:
+        views.token_strip(
+            ctx, color_by, ghost=_ghost_payload(), on_select=_select,
+            on_branch=_branch if j is None else None,
+        )  # fmt: skip
 
 
-live()
+if ctx.params is not None:
+    page.whatif_banner(ctx)
+page.job_panel(ctx, body=live, background=_ghost_work if job is None else None)
+
+
+def _switch(key: str) -> None:
+    sess.error = None
+    try:
+        runner.switch_branch(sess, int(st.session_state[key]))
+    except Exception as exc:
+        sess.error = message(exc)
+
+
+bs = runner.branches(sess)
+if len(bs) > 1:
+    cur = runner.current_branch(sess)
+    st.session_state["branch_pick"] = cur
+
+    def _label(i: int) -> str:
+        b = bs[i]
+        return f"{i} · {escape.markdown(b.note)} · {b.decoder.n_steps} tokens"
+
+    st.radio(
+        "Branches", list(range(len(bs))), key="branch_pick", format_func=_label,
+        horizontal=True, on_change=_switch, args=("branch_pick",),
+        disabled=runner.job(sess) is not None,
+        help="Every branch keeps its own decoder and cache: switching back is instant.",
+    )  # fmt: skip
 
 
 def _rewind(k: int) -> None:
     sess.error = None
     try:
-        runner.rewind(sess, settings, k)
+        runner.rewind(sess, page.current_settings(), k)
     except Exception as exc:
         sess.error = message(exc)
 
 
-if ctx.steps and not sess.playing:
-    ctx.update_whatif()  # the fragment may have added steps in this run
+def _branch_here(k: int, key: str) -> None:
+    tid = st.session_state.get(key)
+    if tid is not None:
+        _branch(k, int(tid))
+        sess.extra.pop("rerun_app", None)
+
+
+if ctx.steps and runner.job(sess) is None:
+    ctx.update_whatif()
     st.divider()
     i = page.step_selector(ctx)
     rec = ctx.steps[i]
     res = ctx.result(i)
     c1, c2 = st.columns([3, 2])
     with c1:
-        st.subheader(f"Step {i}: {rec.token_text!r}")
+        st.subheader(f"Step {i}: {escape.markdown(display_token(rec.token_text))}")
         stages = charts.step_stages(rec, res)
         keep = {k: stages[k] for k in ("raw", "final") if k in stages}
         labels = ctx.labels(rec.cand_ids[: charts.TOP].tolist())
@@ -131,7 +230,10 @@ if ctx.steps and not sess.playing:
         fig = charts.distribution_figure(
             labels, keep, kept=kept, chosen=chosen, mode="overlay", top=15
         )
-        st.plotly_chart(fig, key="gen_alternatives", config={"displaylogo": False})
+        # on hover Plotly's modebar covers the top right of this half-width chart: give it a
+        # row of its own above the legend
+        fig.update_layout(margin={"t": 60})
+        views.chart(fig, key="gen_alternatives")
     with c2:
         st.subheader("Top alternatives")
         rows = []
@@ -141,7 +243,7 @@ if ctx.steps and not sess.playing:
             rows.append(
                 {
                     "rank": r + 1,
-                    "token": labels[r],
+                    "token": display_token(labels[r]),
                     "raw p": float(raw[r]),
                     "final p": float(final[r]) if len(final) else float("nan"),
                     "taken": "◀" if r == rec.chosen_rank else "",
@@ -149,9 +251,22 @@ if ctx.steps and not sess.playing:
             )
         st.dataframe(rows, hide_index=True, width="stretch")
         m1, m2, m3 = st.columns(3)
-        m1.metric("entropy", f"{(res.entropy_raw if res else rec.entropy):.2f} nats")
-        m2.metric("kept", f"{res.n_kept if res else rec.n_kept}")
-        m3.metric("T", f"{(res.temperature if res else rec.temperature):.2f}")
+        # units in the labels: a value with its unit is cut on a narrow column ("2.46 …")
+        m1.metric("entropy, nats", f"{(res.entropy_raw if res else rec.entropy):.2f}")
+        m2.metric("kept, tokens", f"{res.n_kept if res else rec.n_kept}")
+        m3.metric("temperature", f"{(res.temperature if res else rec.temperature):.2f}")
+        alt_ids = [int(t) for t in rec.cand_ids[:10].tolist() if int(t) != rec.token_id]
+        b1, b2 = st.columns([3, 2], vertical_alignment="bottom")
+        b1.selectbox(
+            "Branch here with", alt_ids, key="branch_tok",
+            format_func=lambda t: display_token(ctx.labels([t])[0]),
+            help="Take this token at this step instead, keep the current branch, and decode "
+            "on as far as the run went. Clicking a row in a token's hover card does the same.",
+        )  # fmt: skip
+        b2.button(
+            "Branch", key="btn_branch", on_click=_branch_here, args=(i, "branch_tok"),
+            width="stretch",
+        )  # fmt: skip
         st.button(
             f"Rewind to step {i}", key="btn_rewind", on_click=_rewind, args=(i,),
             help="Drop this step and everything after it; the next Step decides it again "

@@ -11,8 +11,10 @@ uses the same randomness (common random numbers) and differences come from the s
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -360,9 +362,93 @@ class Decoder:
             return lp[0]
         return torch.unique(torch.cat(lp))
 
+    # -- transactions ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All or nothing: on any exception in the block (Streamlit's rerun and stop
+        exceptions, KeyboardInterrupt included) the decoder is put back exactly as it was.
+
+        ``step`` and ``rewind`` run inside one; callers may wrap several calls in another.
+        """
+        saved = self._checkpoint()
+        try:
+            yield
+        except BaseException:
+            self._restore(saved)
+            raise
+
+    def _checkpoint(self) -> dict:
+        """References to every attribute (the decoder replaces tensors and objects, it does
+        not write into old ones: cache layers get new tensors from ``torch.cat``, crop and
+        eviction; the hidden buffer is only written past its length), plus copies of the
+        few containers changed in place. O(layers) for a step without eviction."""
+        gen = self.generator
+        return {
+            "self": dict(vars(self)),
+            "lists": {k: list(getattr(self, k)) for k in ("ids", "positions", "_snapshots")},
+            "sampler": self.sampler.copy(),
+            "generator": (gen, gen.get_state()),
+            "cache": (self.cache, dict(vars(self.cache)), [dict(vars(x)) for x in self.cache.layers]),
+            "trace": (self.trace, {**vars(self.trace), "steps": list(self.trace.steps),
+                                   "settings": dict(self.trace.settings)}),
+            "eviction": (self.eviction, _copy_state(vars(self.eviction)))
+            if self.eviction is not None
+            else None,
+        }  # fmt: skip
+
+    def _restore(self, saved: dict) -> None:
+        vars(self).clear()
+        vars(self).update(saved["self"])
+        for k, v in saved["lists"].items():
+            setattr(self, k, v)
+        self.sampler = saved["sampler"]
+        gen, state = saved["generator"]
+        gen.set_state(state)
+        cache, cvars, layers = saved["cache"]
+        vars(cache).update(cvars)
+        for layer, lvars in zip(cache.layers, layers, strict=True):
+            vars(layer).clear()
+            vars(layer).update(lvars)
+        trace, tvars = saved["trace"]
+        vars(trace).update(tvars)
+        if saved["eviction"] is not None:
+            policy, pvars = saved["eviction"]
+            vars(policy).clear()
+            vars(policy).update(pvars)
+
+    def fork(self) -> Decoder:
+        """An independent decoder at this decoder's current step, sharing the model.
+
+        Cache tensors are shared, not copied (nothing writes into them, see ``_checkpoint``);
+        the hidden states are copied, since a rewound fork overwrites them past its length.
+        Stepping or rewinding either one never changes the other.
+        """
+        new = copy.copy(self)
+        for k in ("ids", "positions", "_snapshots"):
+            setattr(new, k, list(getattr(self, k)))
+        new.sampler = self.sampler.copy()
+        new.generator = torch.Generator(device="cpu")
+        new.generator.set_state(self.generator.get_state())
+        new.cache = copy.copy(self.cache)
+        new.cache.layers = [copy.copy(x) for x in self.cache.layers]
+        new.trace = copy.copy(self.trace)
+        new.trace.steps = list(self.trace.steps)
+        new.trace.settings = dict(self.trace.settings)
+        new.trace.extra = dict(self.trace.extra)
+        new.eviction = copy.deepcopy(self.eviction)
+        if self._hidden_buf is not None:
+            new._hidden_buf = self._hidden_buf[: self._hidden_len].clone()
+        return new
+
     # -- stepping --------------------------------------------------------------------------
     def step(self, force_token: int | None = None) -> StepRecord | None:
-        """Decode one token (or take ``force_token``) and record the step. None when done."""
+        """Decode one token (or take ``force_token``) and record the step. None when done.
+
+        Atomic: if anything raises, the decoder is left exactly as before the call."""
+        with self.transaction():
+            return self._step(force_token)
+
+    def _step(self, force_token: int | None) -> StepRecord | None:
         if self.done:
             return None
         # State as it stands before this step's forward: what rewind(k) restores.
@@ -517,8 +603,13 @@ class Decoder:
         """Keep the first ``k`` steps and continue from there, optionally with new params.
 
         Without eviction the cache is cropped in place. With eviction the kept steps are
-        re-fed (teacher-forced) so the policy's state is rebuilt exactly.
+        re-fed (teacher-forced) so the policy's state is rebuilt exactly. Atomic, like
+        ``step``.
         """
+        with self.transaction():
+            self._rewind(k, params)
+
+    def _rewind(self, k: int, params: sampling.PruneParams | None) -> None:
         k = max(0, min(int(k), self.n_steps))
         if params is not None:
             self.lm.check_params(params)
@@ -550,6 +641,21 @@ class Decoder:
             self.step(force_token=rec.token_id)
         # keep the original records (timings, choices) for the steps that were kept
         self.trace.steps = kept
+
+
+def _copy_state(v):
+    """Containers copied and tensors cloned, the rest shared: an eviction policy's state
+    (per-layer lists and dicts of tensors, some updated in place) at a tenth of deepcopy's
+    cost."""
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, list):
+        return [_copy_state(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_copy_state(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _copy_state(x) for k, x in v.items()}
+    return v
 
 
 def top_candidates(

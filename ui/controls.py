@@ -82,7 +82,6 @@ def sidebar() -> Settings:
         st.text_input(
             model.label, key=K + "model", placeholder=f"default: {default}", help=model.help
         )
-        st.text_area(spec_of("prompt").label, key=K + "prompt", height=90)
         st.toggle(spec_of("chat").label, key=K + "chat", help=spec_of("chat").help)
         preset = spec_of("preset")
         st.selectbox(

@@ -1,4 +1,8 @@
-"""The page list. Adding a page: write ``app_pages/<name>.py`` and add one ``PageSpec`` here."""
+"""The page list. Adding a page: write ``app_pages/<name>.py`` and add one ``PageSpec`` here.
+
+Pages are grouped into sections in the sidebar (``section``); the first page, Home, is the
+front door the root URL opens.
+"""
 
 from __future__ import annotations
 
@@ -11,31 +15,39 @@ class PageSpec:
     title: str
     icon: str
     default: bool = False
+    section: str = "Views"
 
 
+HOME = "app_pages/home.py"
 GENERATE = "app_pages/generate.py"
+TOUR = "app_pages/tour_1_baseline.py"
 
 PAGES: tuple[PageSpec, ...] = (
-    PageSpec(GENERATE, "Generate", ":material/play_arrow:", default=True),
+    PageSpec(HOME, "Home", ":material/home:", default=True, section="Start"),
+    PageSpec(GENERATE, "Generate", ":material/play_arrow:", section="Start"),
     PageSpec("app_pages/distributions.py", "Distributions", ":material/bar_chart:"),
     PageSpec("app_pages/thermodynamics.py", "Thermodynamics", ":material/thermostat:"),
     PageSpec("app_pages/attention.py", "Attention & gravity", ":material/grid_on:"),
     PageSpec("app_pages/kv_cache.py", "KV cache", ":material/memory:"),
     PageSpec("app_pages/pipeline.py", "Pipeline", ":material/account_tree:"),
-    PageSpec("app_pages/compare.py", "Compare A/B", ":material/compare_arrows:"),
-    PageSpec("app_pages/frontier.py", "Does it help?", ":material/insights:"),
-    PageSpec("app_pages/report.py", "Report", ":material/summarize:"),
-    PageSpec("app_pages/tour_1_baseline.py", "Tour 1 · Baseline chain", ":material/looks_one:"),
-    PageSpec("app_pages/tour_2_entropy.py", "Tour 2 · Log entropy", ":material/looks_two:"),
-    PageSpec("app_pages/tour_3_distribution.py", "Tour 3 · Its distribution", ":material/looks_3:"),
-    PageSpec("app_pages/tour_4_gravity.py", "Tour 4 · Gravity rerank", ":material/looks_4:"),
-    PageSpec("app_pages/tour_5_ab.py", "Tour 5 · A/B test", ":material/looks_5:"),
-    PageSpec("app_pages/presenter.py", "Presenter mode", ":material/co_present:"),
-)
+    PageSpec("app_pages/compare.py", "Compare A/B", ":material/compare_arrows:", section="Share"),
+    PageSpec("app_pages/frontier.py", "Does it help?", ":material/insights:", section="Share"),
+    PageSpec("app_pages/report.py", "Report", ":material/summarize:", section="Share"),
+    PageSpec("app_pages/presenter.py", "Presenter mode", ":material/co_present:", section="Share"),
+    PageSpec(TOUR, "Tour 1 · Baseline chain", ":material/looks_one:", section="Tour"),
+    PageSpec("app_pages/tour_2_entropy.py", "Tour 2 · Log entropy", ":material/looks_two:", section="Tour"),
+    PageSpec("app_pages/tour_3_distribution.py", "Tour 3 · Its distribution", ":material/looks_3:", section="Tour"),
+    PageSpec("app_pages/tour_4_gravity.py", "Tour 4 · Gravity rerank", ":material/looks_4:", section="Tour"),
+    PageSpec("app_pages/tour_5_ab.py", "Tour 5 · A/B test", ":material/looks_5:", section="Tour"),
+)  # fmt: skip
 
 
-def st_pages():
-    """``st.Page`` objects for ``st.navigation``."""
+def st_pages() -> dict[str, list]:
+    """``st.Page`` objects by section, for ``st.navigation``."""
     import streamlit as st
 
-    return [st.Page(p.path, title=p.title, icon=p.icon, default=p.default) for p in PAGES]
+    out: dict[str, list] = {}
+    for p in PAGES:
+        page = st.Page(p.path, title=p.title, icon=p.icon, default=p.default)
+        out.setdefault(p.section, []).append(page)
+    return out

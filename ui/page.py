@@ -13,7 +13,9 @@ from functools import lru_cache
 
 import streamlit as st
 
+from semviz import escape
 from semviz.sampling import PruneParams
+from semviz.style import display_token
 from ui import runner, whatif
 from ui.errors import guard, message
 from ui.model import get_model
@@ -52,10 +54,14 @@ class PageContext:
         if tr is None or not tr.steps or self.params is None:
             return
         dec = self.sess.decoder
+        # a recorded run (an example) uses the page's model, and none when it did not load:
+        # the replay needs one only to recompute gravity for settings the run did not use
+        lm = self.lm if isinstance(dec, runner.TraceRun) else dec.lm
         with guard("the what-if replay"):
             self.wi = whatif.cached(
-                self.sess.extra, tr, self.params, model=dec.lm.model, hidden=dec.hidden
-            )
+                self.sess.extra, tr, self.params,
+                model=None if lm is None else lm.model, hidden=dec.hidden,
+            )  # fmt: skip
 
     @property
     def first_diff(self) -> int | None:
@@ -79,7 +85,10 @@ class PageContext:
 
     def labels(self, ids) -> list[str]:
         """Token texts for ids (the model's tokenizer)."""
-        lm = self.lm or (self.decoder.lm if self.decoder is not None else None)
+        dec = self.decoder
+        lm = self.lm
+        if lm is None and dec is not None and not isinstance(dec, runner.TraceRun):
+            lm = dec.lm
         if lm is None:
             return [str(int(i)) for i in ids]
         return token_texts(lm.tokenizer, tuple(int(i) for i in ids))
@@ -109,8 +118,13 @@ def token_texts(tokenizer, ids: tuple[int, ...]) -> list[str]:
     return out
 
 
-def context(title: str, *, icon: str = "") -> PageContext:
-    """Draw the page title and the shared header; return the page's context."""
+def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
+    """Draw the page title and the shared header; return the page's context.
+
+    ``header``: draw the long task's progress (with Stop), the status line and the what-if
+    banner here. Generate passes False and draws them itself, below its prompt and buttons
+    and around its token strip, so the strip streams.
+    """
     st.title(f"{icon} {title}".strip())
     from ui import controls
 
@@ -120,43 +134,175 @@ def context(title: str, *, icon: str = "") -> PageContext:
     with guard("loading the model", show=False) as err:
         lm = get_model(settings.model_name())
     if err:
-        st.error(err[0] + " The current run is kept.", icon="⚠️")
-        lm = sess.decoder.lm if sess.decoder is not None else None
+        st.error(err[0] + " The current run is kept.", icon=":material/error:")
+        lm = (
+            None
+            if sess.decoder is None or isinstance(sess.decoder, runner.TraceRun)
+            else sess.decoder.lm
+        )
     params = None
     with guard("the sampling settings") as err2:
         params = settings.prune_params()
-    if sess.error:
-        st.error(sess.error, icon="⚠️")
-    if sess.notice:
-        st.info(sess.notice)
     ctx = PageContext(settings=settings, sess=sess, lm=lm, params=params, wi=None)
+    open_link(ctx)
+    messages(ctx)
+    if header:
+        job_panel(ctx)
     share_url(ctx)
     ctx.update_whatif()
-    status_line(ctx)
-    if not err2:
-        whatif_banner(ctx)
+    if header:
+        status_line(ctx)
+        if not err2:
+            whatif_banner(ctx)
     return ctx
 
 
-def share_url(ctx: PageContext) -> None:
-    """Keep the URL's query string equal to the settings and the selected step.
+def messages(ctx: PageContext) -> None:
+    """The session's last error and notice (each shown once, until the next action)."""
+    sess = ctx.sess
+    if sess.error:
+        st.error(sess.error, icon=":material/error:")
+    if sess.notice:
+        st.info(sess.notice, icon=":material/info:")
+        sess.notice = None
 
-    A copied link therefore reopens the same settings (``Settings.from_query_params`` reads
-    them on a session's first run). A ``step`` in the link the session opened with is
-    selected once the run has that many steps, so the same views come back.
+
+def _int_param(name: str) -> int | None:
+    raw = st.query_params.get(name)
+    try:
+        return max(0, int(raw)) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def open_link(ctx: PageContext) -> None:
+    """On a session's first run: a link with ``steps`` regenerates that many steps with the
+    link's settings (a job, so the page stays usable), then selects the link's ``step``."""
+    sess = ctx.sess
+    if "url_step" in sess.extra:
+        return
+    sess.extra["url_step"] = _int_param("step")
+    want = _int_param("steps")
+    sess.extra["url_steps"] = want
+    if not want or sess.decoder is not None or ctx.lm is None or ctx.params is None:
+        return
+    try:
+        runner.start(sess, ctx.settings, "reproduce", want)
+        sess.notice = (
+            f"This link carries a run of {want} steps: regenerating it with the link's "
+            "settings (same seed, same tokens)."
+        )
+    except Exception as exc:  # shown by the header; nothing to lose yet
+        sess.error = message(exc)
+
+
+TICK_EVERY = 0.5  # seconds between job ticks; a Stop click waits at most TICK_SECONDS
+
+
+def job_panel(ctx: PageContext, body=None, background=None) -> None:
+    """The session's long task: one tick of work per run, its progress, an estimate and Stop.
+
+    Runs as a fragment every ``TICK_EVERY`` s while a task is active, so only this part of the
+    page reruns; ``body()`` (Generate's status line and token strip) is drawn inside it and
+    streams with it. When the task ends the whole page reruns once to catch up.
+    ``background()`` is lower-priority work (the what-if ghost text) done in the ticks while no
+    task runs; it returns True while it has more to do.
     """
     sess = ctx.sess
-    if "url_step" not in sess.extra:
-        raw = st.query_params.get("step")
-        try:
-            sess.extra["url_step"] = max(0, int(raw)) if raw is not None else None
-        except ValueError:
-            sess.extra["url_step"] = None
+    active = runner.job(sess) is not None
+    more = background is not None and not active and background(False)
+    if not active and not more:
+        if body is not None:
+            body()  # no fragment: a click inside the body reruns the whole page
+        return
+
+    @st.fragment(run_every=TICK_EVERY)
+    def _panel() -> None:
+        if sess.extra.pop("rerun_app", False) and _in_fragment_run():
+            st.rerun()  # a click inside the strip: every view follows the selected step
+        if runner.job(sess) is not None:
+            _tick(ctx)
+        elif more and _in_fragment_run():
+            try:
+                if not background(True):
+                    st.rerun()  # done: one full run turns the ticking off
+            except runner.Busy:
+                pass
+        j = runner.job(sess)
+        if j is not None:
+            frac = min(1.0, j.made / j.total) if j.total else 0.0
+            c1, c2 = st.columns([6, 1], vertical_alignment="center")
+            c1.progress(frac, text=j.progress())
+            c2.button(
+                "Stop", key="job_stop", on_click=_stop_job, args=(sess,), width="stretch",
+                help="Stop after the token being decoded; everything made so far is kept.",
+            )  # fmt: skip
+        if body is not None:
+            body()
+        if active and j is None:
+            st.rerun()  # the whole page catches up once the task has ended
+
+    _panel()
+
+
+def _tick(ctx: PageContext) -> None:
+    sess = ctx.sess
+    try:
+        runner.tick(sess, ctx.settings, status=lambda m: st.spinner(m, show_time=True))
+    except runner.Busy:
+        pass  # another run of this session holds the decoder: try again next tick
+    except Exception as exc:  # the task ends; every completed step is kept
+        runner.stop(sess)
+        sess.error = message(exc)
+
+
+def _stop_job(sess: SessionData) -> None:
+    note = runner.stop(sess)
+    if note:
+        sess.notice = note
+
+
+def current_settings() -> Settings:
+    """The settings as the widgets hold them now (for callbacks, which run before the page
+    reads the sidebar); fields whose widget was not drawn come from the stored settings."""
+    from dataclasses import fields
+
+    state = st.session_state
+    stored = state.get("settings") or Settings()
+    vals = {}
+    for f in fields(Settings):
+        key = "s_" + f.name
+        vals[key] = state[key] if key in state else getattr(stored, f.name)
+    return Settings.from_state(vals)
+
+
+def _in_fragment_run() -> bool:
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    c = get_script_run_ctx()
+    return bool(c is not None and c.fragment_ids_this_run)
+
+
+def share_url(ctx: PageContext) -> None:
+    """Keep the URL's query string equal to the settings, the run's length and its step.
+
+    A copied link therefore reopens the same settings (``Settings.from_query_params`` reads
+    them on a session's first run) and, through ``steps``, the same run (``open_link``).
+    The link's ``step`` is selected once the run has that many steps.
+    """
+    sess = ctx.sess
     want = sess.extra.get("url_step")
-    if want is not None and len(ctx.steps) > want and not sess.playing:  # play resets it
+    if want is not None and len(ctx.steps) > want and runner.job(sess) is None:
         sess.selected, sess.extra["url_step"] = want, None
         want = None
+    n = len(ctx.steps)
+    pending = sess.extra.get("url_steps")
+    if pending is not None and (n >= pending or runner.job(sess) is None):
+        sess.extra["url_steps"] = pending = None
     qp = ctx.settings.to_query_params()
+    steps = max(n, pending or 0)
+    if steps:
+        qp["steps"] = str(steps)
     step = sess.selected if ctx.steps else None
     step = want if want is not None else step
     if step is not None:
@@ -165,25 +311,39 @@ def share_url(ctx: PageContext) -> None:
         st.query_params.from_dict(qp)
 
 
-def status_line(ctx: PageContext) -> None:
+def status_line(ctx: PageContext, *, here: bool = False) -> None:
+    """One line about the run: model, prompt, steps, branch, where it came from.
+
+    ``here``: the page with the prompt and the Step button (Generate)."""
     dec = ctx.decoder
     if dec is None:
-        st.caption("No run yet: press **Step** on the Generate page to start.")
+        if here:
+            st.caption("No run yet: type a prompt above and press **Step** or **Run**.")
+        else:
+            st.caption("No run yet: open **Generate**, type a prompt and press **Step**.")
         return
     tr = dec.trace
     bits = [
-        f"model **{tr.model.get('name', '?')}**",
+        f"model **{escape.markdown(tr.model.get('name', '?'))}**",
         f"{len(tr.prompt_ids)} prompt tokens",
-        f"{len(tr.steps)} steps",
+        f"**{len(tr.steps)}** steps",
     ]
-    if dec.done:
+    bs = runner.branches(ctx.sess)
+    if len(bs) > 1:
+        bits.append(f"branch {runner.current_branch(ctx.sess)} of {len(bs) - 1}")
+    if isinstance(dec, runner.TraceRun) and dec.source:
+        bits.append(f"recorded run **{escape.markdown(dec.source)}** (no model run)")
+    j = runner.job(ctx.sess)
+    if j is not None:
+        bits.append("working…")
+    elif dec.done:
         bits.append(f"stopped: {dec.stop_reason}")
     st.caption(" · ".join(bits))
-    if runner.is_stale(ctx.sess, ctx.settings):
+    if runner.is_stale(ctx.sess, ctx.settings) and j is None:
         st.info(
             "The prompt, model, seed or cache policy changed: the next **Step** starts a new run. "
             "The views below still show the current run.",
-            icon="ℹ️",
+            icon=":material/info:",
         )
 
 
@@ -193,7 +353,8 @@ def params_changed(ctx: PageContext) -> bool:
 
 
 def whatif_banner(ctx: PageContext) -> None:
-    """When the sliders differ from the run's, say so and mark the first changed choice."""
+    """When the sliders differ from the run's, say so and offer to regenerate from the first
+    changed step (the token strip shows the continuation as ghost text)."""
     wi = ctx.wi
     if wi is None or not params_changed(ctx):
         return
@@ -201,24 +362,27 @@ def whatif_banner(ctx: PageContext) -> None:
         st.success(
             f"What-if: the sliders moved after generation. Replaying the {wi.n} recorded steps "
             f"through the core ({1e3 * wi.seconds:.0f} ms, no model run) changes no choice.",
-            icon="🔁",
+            icon=":material/replay:",
         )
     else:
         k = wi.first_diff
         rec = ctx.steps[k]
-        new = ctx.labels([wi.token_ids[k]])[0]
-        c1, c2 = st.columns([4, 1])
+        new = escape.markdown(display_token(ctx.labels([wi.token_ids[k]])[0]))
+        old = escape.markdown(display_token(rec.token_text))
+        c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.warning(
-            f"What-if: with these sliders step **{k}** would pick {new!r} instead of "
-            f"{rec.token_text!r} (replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, "
+            f"What-if: with these sliders step **{k}** would pick **{new}** instead of "
+            f"**{old}** (replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, "
             "no model run). Views show the replay; steps from the marked one on are "
             "counterfactual.",
-            icon="🔀",
+            icon=":material/alt_route:",
         )
         c2.button(
             f"Regenerate from step {k}", key="regen_from", type="primary",
             on_click=_regenerate, args=(ctx.sess, ctx.settings, k),
-            help="Rewind the run to this step with the current sliders and decode on.",
+            disabled=runner.job(ctx.sess) is not None,
+            help="A new branch from this step with the current sliders, decoded as far as the "
+            "run went; the recorded branch is kept.",
         )  # fmt: skip
     if wi.note:
         st.caption(wi.note)
@@ -257,9 +421,12 @@ def need_trace(ctx: PageContext) -> bool:
     """Show a hint and return False when there is nothing recorded yet."""
     if ctx.steps:
         return True
-    st.info("Nothing generated yet: go to **Generate** and press **Step** or **Play**.", icon="👉")
+    st.info(
+        "Nothing generated yet: go to **Generate** and press **Step** or **Play**.",
+        icon=":material/arrow_forward:",
+    )
     if ctx.lm is not None:
         from ui import nav
 
-        st.page_link(nav.GENERATE, label="Open Generate", icon="▶️")
+        st.page_link(nav.GENERATE, label="Open Generate", icon=":material/play_arrow:")
     return False

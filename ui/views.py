@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 import streamlit as st
@@ -16,76 +15,30 @@ from ui.state import session
 # the modebar keeps zoom, pan, reset and a PNG download at twice the pixels
 CHART_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
-MAX_TOKENS_SHOWN = 1500
 
+def token_strip(
+    ctx: PageContext,
+    color_by: str = "probability",
+    *,
+    ghost: dict | None = None,
+    on_select=None,
+    on_branch=None,
+    key: str = "semviz_strip",
+) -> None:
+    """The generated text as ``.semviz-strip .tok`` elements on a colour scale; hover for the
+    alternatives at every stage, click to select a step, click an alternative to branch.
 
-def _color(value: float) -> str:
-    """White → blue for value in [0, 1]."""
-    v = min(max(value, 0.0), 1.0)
-    r = int(255 - 190 * v)
-    g = int(255 - 120 * v)
-    return f"rgb({r},{g},255)"
+    Without ``on_select`` a click selects the step for every page (``sess.selected``).
+    """
+    from ui import strip
 
+    def _select(i: int) -> None:
+        n = len(ctx.steps)
+        ctx.sess.selected = None if i >= n - 1 and not ctx.sess.playing else int(i)
 
-def _tip(ctx: PageContext, i: int) -> str:
-    rec = ctx.steps[i]
-    res = ctx.result(i)
-    probs = res.index_probs["final"] if res is not None else rec.stage_probs.get("final")
-    raw = rec.top_probs[:5].tolist()
-    labels = ctx.labels(rec.cand_ids[:5].tolist())
-    lines = [
-        f"step {i} · p={rec.chosen_prob:.3f} · H={rec.entropy:.2f} nats · kept {rec.n_kept}",
-        "alternatives (raw p → final p):",
-    ]
-    for r, (lab, p) in enumerate(zip(labels, raw, strict=False)):
-        q = float(probs[r]) if probs is not None else float("nan")
-        mark = " ◀" if r == rec.chosen_rank else ""
-        lines.append(f"  {lab!r}: {p:.3f} → {q:.3f}{mark}")
-    return "\n".join(lines)
-
-
-def token_strip(ctx: PageContext, color_by: str = "probability") -> None:
-    """The generated text as tokens coloured by probability (or entropy); hover for details."""
-    tr = ctx.trace
-    steps = tr.steps
-    sel = ctx.selected
-    first = ctx.first_diff
-    hmax = max((s.entropy for s in steps), default=1.0) or 1.0
-    start = max(0, len(steps) - MAX_TOKENS_SHOWN)
-    parts = [
-        '<div class="semviz-strip" style="font-family:ui-monospace,monospace;font-size:14px;'
-        "line-height:1.9;white-space:pre-wrap;word-break:break-word;max-height:320px;"
-        'overflow-y:auto;border:1px solid #e6e6e6;border-radius:6px;padding:8px">'
-    ]
-    prompt = "".join(tr.prompt_tokens)
-    if len(prompt) > 600:
-        prompt = "…" + prompt[-600:]
-    parts.append(f'<span style="color:#888">{html.escape(prompt)}</span>')
-    if start:
-        parts.append(f'<span style="color:#888"> … {start} earlier tokens … </span>')
-    for i in range(start, len(steps)):
-        s = steps[i]
-        if color_by == "entropy":
-            v = s.entropy / hmax
-        else:
-            p = s.chosen_prob
-            v = 1.0 - (p if math.isfinite(p) else 0.0)  # darker = less likely
-        style = f"background:{_color(v)};border-radius:3px;padding:0 1px"
-        if i == sel:
-            style += ";outline:2px solid #000"
-        if first is not None and i == first:
-            style += ";border-bottom:3px solid #ff7f0e"
-        text = html.escape(s.token_text.replace("\n", "↵\n")) or "∅"
-        parts.append(
-            f'<span class="tok" data-step="{i}" title="{html.escape(_tip(ctx, i))}" '
-            f'style="{style}">{text}</span>'
-        )
-    parts.append("</div>")
-    legend = (
-        "darker = less likely token" if color_by == "probability" else "darker = higher entropy"
+    strip.draw(
+        ctx, color_by, ghost=ghost, on_select=on_select or _select, on_branch=on_branch, key=key
     )
-    st.html("".join(parts))
-    st.caption(f"{legend} · black outline: selected step · orange underline: first what-if change")
 
 
 def filters_disjoint(res) -> bool:

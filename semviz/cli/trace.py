@@ -21,6 +21,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--stop", action="append", default=[], type=common.text_arg,
         help="stop string (repeatable)",
     )  # fmt: skip
+    p.add_argument(
+        "--record-k", type=common.int_arg(1), default=1024,
+        help="candidates recorded per step (default 1024; fewer for a smaller file)",
+    )  # fmt: skip
+    p.add_argument(
+        "--attention", choices=("on", "off"), default="on",
+        help="record each step's last-query attention (default on; off for a smaller file)",
+    )  # fmt: skip
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
@@ -41,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise PromptError("The prompt is empty: type some text for the model to continue.")
     lm = common.load(args)
     settings = DecodeSettings(
-        seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat
-    )
+        seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat,
+        record_k=args.record_k, capture=args.attention == "on",
+    )  # fmt: skip
     dec = Decoder(lm, args.prompt, params, settings)
     with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:
         dec.run(args.steps, on_step=lambda rec: bar.update(1))

@@ -8,6 +8,7 @@ import pytest
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 TIMEOUT = 120
+GENERATE = "app_pages/generate.py"
 
 
 @pytest.fixture()
@@ -20,11 +21,14 @@ def app(tiny_dir, monkeypatch):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.run()
     assert not at.exception
+    at.switch_page(GENERATE).run()  # the app opens on Home
+    assert not at.exception
     return at
 
 
 def run_steps(at, n: int):
-    """Press Run n and let the play ticks finish (each at.run() is one tick)."""
+    """On Generate, press Run n and let the job finish (each at.run() is one tick)."""
+    at.switch_page(GENERATE).run()
     at.session_state["s_run_n"] = n
     at.run()
     at.button(key="btn_run").click().run()

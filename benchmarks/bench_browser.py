@@ -1,0 +1,290 @@
+"""What a user waits for, measured in the browser: headless chromium driving the real app.
+
+Starts ``streamlit run app.py`` on a free port (the real default model) and times, in the
+page's own clock:
+
+1. **first token**: from opening the root URL to the first generated token on screen, through
+   the front door's "Generate" (model load, prefill, first decode step). The first session of a
+   fresh server loads the model (cold); a second session measures it warm.
+2. **slider move**: a ``--steps``-token run (default 128) is opened from a link; each press of
+   ArrowLeft/ArrowRight on the temperature slider is one move. Timed from the key press to the
+   first moment the app's script is idle again with the what-if drawn ("settled"), beside a
+   plain rerun of the same page (switching the strip's colouring) as the baseline. The
+   ghost-text continuation streams in afterwards; its completion is timed too.
+3. **page renders with a long prompt**: a run with a ``--long`` token prompt (default 2,000,
+   from data/pride_and_prejudice_ch1-3.txt) and a short one; each page is opened from the
+   sidebar and timed from the click to idle with its charts drawn. Prints the ratio long/short.
+
+    python benchmarks/bench_browser.py [--steps 128] [--long 2000] [--moves 6] [--json]
+                                       [--url http://host:port]  # an app already running
+
+Absolute times depend on the machine's load; run it on a quiet machine. The ratios are
+measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PAGES = [
+    ("Generate", "generate"),
+    ("Distributions", "distributions"),
+    ("Thermodynamics", "thermodynamics"),
+    ("Attention & gravity", "attention"),
+    ("KV cache", "kv_cache"),
+    ("Pipeline", "pipeline"),
+]
+
+# records every change of the app's script state with the page's clock (ms)
+OBSERVE = """() => {
+  const el = document.querySelector('[data-testid="stApp"]');
+  if (!el || window.__semvizStates) return;
+  window.__semvizStates = [[performance.now(), el.getAttribute('data-test-script-state')]];
+  new MutationObserver(() => window.__semvizStates.push(
+      [performance.now(), el.getAttribute('data-test-script-state')]))
+    .observe(el, {attributes: true, attributeFilter: ['data-test-script-state']});
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "SEMVIZ_MODEL"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    streamlit = Path(sys.executable).with_name("streamlit")
+    proc = subprocess.Popen(
+        [str(streamlit), "run", "app.py", "--server.port", str(port), "--server.headless",
+         "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the app did not start in 120 s")
+
+
+def now(page) -> float:
+    return page.evaluate("performance.now()")
+
+
+def settle(page, t0: float, timeout: float = 600.0) -> float:
+    """Milliseconds from ``t0`` (page clock) to the end of the first script run that started
+    after it: the moment the page is drawn again and usable."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = page.evaluate("window.__semvizStates || []")
+        ran = [t for t, s in states if t >= t0 and s == "running"]
+        if ran:
+            idle = [t for t, s in states if t > ran[0] and s == "notRunning"]
+            if idle:
+                return idle[0] - t0
+        time.sleep(0.02)
+    raise TimeoutError("the page did not settle")
+
+
+def quiet(page, idle_ms: float = 1500.0, timeout: float = 1800.0) -> None:
+    """Until the script has been idle for ``idle_ms`` (page clock)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = page.evaluate("window.__semvizStates || []")
+        if states and states[-1][1] == "notRunning" and now(page) - states[-1][0] >= idle_ms:
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the page did not become idle")
+
+
+def wait_for(page, js: str, timeout: float = 900.0) -> float:
+    """Page-clock time at which ``js`` (an expression) first became true (polled)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if page.evaluate(f"() => Boolean({js})"):
+            return now(page)
+        time.sleep(0.02)
+    raise TimeoutError(js)
+
+
+def wait_done(page, timeout: float = 1800.0) -> None:
+    """Until no task runs (no Stop button) and the script is idle."""
+    wait_for(page, "!document.querySelector('.st-key-job_stop')", timeout)
+    quiet(page)
+
+
+def first_token(browser) -> float:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = ctx.new_page()
+    t0 = time.perf_counter()
+    page.goto(BASE + "/")
+    page.get_by_role("button", name="Generate", exact=True).click(timeout=600_000)
+    page.wait_for_selector(".semviz-strip .tok", timeout=900_000)
+    dt = time.perf_counter() - t0
+    ctx.close()
+    return dt
+
+
+def open_run(browser, query: dict, width: int = 1440) -> tuple:
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    page = ctx.new_page()
+    page.goto(BASE + "/generate?" + urllib.parse.urlencode(query))
+    page.wait_for_selector('[data-testid="stApp"]')
+    page.evaluate(OBSERVE)
+    n = int(query["steps"])
+    wait_for(page, f"document.querySelectorAll('.semviz-strip .tok').length >= {n}")
+    wait_done(page)
+    return ctx, page
+
+
+def slider_moves(browser, steps: int, moves: int) -> dict:
+    q = {"prompt": "Once upon a time", "chat": "0", "seed": "0", "steps": str(steps)}
+    ctx, page = open_run(browser, q)
+    plain, moved, ghost = [], [], []
+    try:
+        for i in range(moves):
+            name = "entropy" if i % 2 == 0 else "probability"
+            colour = page.locator(".st-key-color_by button", has_text=name)
+            t0 = now(page)
+            colour.click()  # a plain rerun of the page: the strip's colours, no what-if change
+            plain.append(settle(page, t0))
+            quiet(page)
+            page.get_by_role("slider", name="Temperature").focus()
+            t0 = now(page)
+            page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight")
+            moved.append(settle(page, t0))
+            t1 = wait_for(page, "!(document.querySelector('.semviz-strip .pending') || "
+                          "{textContent: ''}).textContent.includes('decoding')")  # fmt: skip
+            ghost.append(t1 - t0)
+            quiet(page)
+    finally:
+        ctx.close()
+    return {
+        "steps": steps,
+        "plain_rerun_ms": statistics.median(plain),
+        "slider_settled_ms": statistics.median(moved),
+        "slider_settled_max_ms": max(moved),
+        "ghost_complete_ms": statistics.median(ghost),
+        "slider_vs_plain": statistics.median(moved) / statistics.median(plain),
+    }
+
+
+def long_prompt(n_tokens: int) -> str:
+    from semviz.model import load_model
+
+    tok = load_model().tokenizer
+    text = (ROOT / "data" / "pride_and_prejudice_ch1-3.txt").read_text()
+    ids = tok(text, add_special_tokens=False)["input_ids"][:n_tokens]
+    return tok.decode(ids)
+
+
+def page_renders(browser, prompt: str, steps: int) -> dict[str, float]:
+    """Each page's render time (ms) on a run of ``steps`` tokens after ``prompt``; the prompt
+    is typed into Generate's box (a 2,000-token prompt is too long for a request line)."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = ctx.new_page()
+    page.goto(BASE + f"/generate?chat=0&seed=0&run_n={steps}")
+    page.wait_for_selector('[data-testid="stApp"]')
+    page.evaluate(OBSERVE)
+    quiet(page)
+    box = page.get_by_role("textbox", name="Prompt")
+    box.fill(prompt)
+    box.press("Control+Enter")  # commit the text area
+    quiet(page)
+    page.get_by_role("button", name=f"Run {steps}", exact=True).click()
+    wait_for(page, f"document.querySelectorAll('.semviz-strip .tok').length >= {steps}")
+    wait_done(page)
+    out = {}
+    try:
+        for title, slug in PAGES:
+            t0 = now(page)
+            page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+            ms = settle(page, t0)
+            wait_for(page, "document.querySelector('.js-plotly-plot')", 120)
+            out[slug] = ms
+            quiet(page)
+    finally:
+        ctx.close()
+    return out
+
+
+def main() -> None:
+    global BASE
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=128, help="trace length for slider moves")
+    ap.add_argument("--long", type=int, default=2000, help="long prompt, tokens")
+    ap.add_argument("--moves", type=int, default=6)
+    ap.add_argument("--url", default=None, help="time a running app instead of starting one")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from playwright.sync_api import sync_playwright
+
+    from semviz.report import BROWSER_ARGS, chromium_path
+
+    if args.url:
+        BASE, proc = args.url.rstrip("/"), None
+    else:
+        port = free_port()
+        BASE = f"http://127.0.0.1:{port}"
+        proc = start_server(port)
+    out: dict = {}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=chromium_path() or "/usr/bin/chromium", args=BROWSER_ARGS
+            )
+            out["first_token_cold_s"] = first_token(browser)
+            out["first_token_warm_s"] = first_token(browser)
+            out["slider"] = slider_moves(browser, args.steps, args.moves)
+            short = page_renders(browser, "Once upon a time", 8)
+            longp = page_renders(browser, long_prompt(args.long), 8)
+            out["pages_short_ms"] = short
+            out[f"pages_{args.long}_tokens_ms"] = longp
+            out["pages_long_vs_short"] = {k: longp[k] / short[k] for k in short}
+            browser.close()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    s = out["slider"]
+    print(f"first token from the root URL: cold {out['first_token_cold_s']:.2f} s, "
+          f"warm {out['first_token_warm_s']:.2f} s")  # fmt: skip
+    print(f"slider move, {s['steps']}-step trace: settled {s['slider_settled_ms']:.0f} ms "
+          f"(max {s['slider_settled_max_ms']:.0f}), plain rerun {s['plain_rerun_ms']:.0f} ms, "
+          f"ratio {s['slider_vs_plain']:.2f}x; ghost continuation complete "
+          f"{s['ghost_complete_ms']:.0f} ms")  # fmt: skip
+    print(f"page render (click to idle), short prompt vs {args.long}-token prompt:")
+    for k in out["pages_short_ms"]:
+        a, b = out["pages_short_ms"][k], out[f"pages_{args.long}_tokens_ms"][k]
+        print(f"  {k:>15}: {a:7.0f} ms  {b:7.0f} ms  ({b / a:.2f}x)")
+
+
+BASE = ""
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""Generate and Home on the tiny model: the front door, example runs without a model run,
+branches that keep the old branch, atomic steps under interrupted reruns, and links that
+regenerate the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from streamlit.runtime.scriptrunner_utils.exceptions import RerunException, StopException
+from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
+
+from semviz.decoding import Decoder, DecodeSettings
+from semviz.style import display_token
+from semviz.trace import Trace
+from tests.app.conftest import APP, GENERATE, TIMEOUT, run_steps
+from ui import examples, runner
+
+
+def errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def sess(at):
+    return at.session_state["semviz"]
+
+
+def finish_job(at, limit: int = 200) -> None:
+    for _ in range(limit):
+        if not sess(at).playing:
+            return
+        at.run()
+    raise AssertionError("the job did not finish")
+
+
+@pytest.fixture()
+def home(tiny_dir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def test_front_door_offers_three_ways_in(home):
+    text = " ".join(m.value for m in home.markdown)
+    assert "choose its next token" in text
+    labels = [b.label for b in home.button]
+    assert "Generate" in labels  # try a prompt
+    assert [e.title for e in examples.available()] == labels[1:]  # the example runs
+    assert len(labels) >= 4
+    box = home.text_area(key="home_prompt")  # empty: the front door paints without settings
+    assert box.value == "" and "default" in box.placeholder
+    assert not errors(home)
+
+
+def test_front_door_prompt_opens_generate_and_decodes(home):
+    home.text_area(key="home_prompt").input("A lighthouse at dusk").run()
+    home.button(key="home_go").click().run()
+    assert not home.exception
+    assert home.text_area(key="s_prompt").value == "A lighthouse at dusk"  # on Generate now
+    finish_job(home)
+    dec = sess(home).decoder
+    assert dec.prompt == "A lighthouse at dusk" and dec.n_steps == 32  # Run N, N = 32
+    assert home.query_params["prompt"] == "A lighthouse at dusk"
+    assert home.query_params["steps"] == "32"
+
+
+def test_front_door_empty_prompt_decodes_the_default_one(home):
+    from ui.state import Settings
+
+    home.button(key="home_go").click().run()
+    assert not home.exception and not errors(home)
+    finish_job(home)
+    assert sess(home).decoder.prompt == Settings().prompt
+    assert home.text_area(key="s_prompt").value == Settings().prompt
+
+
+def test_example_opens_with_no_model_run(home, monkeypatch):
+    def no_model_run(*a, **kw):
+        raise AssertionError("opening an example ran the model")
+
+    monkeypatch.setattr(Decoder, "_forward", no_model_run)
+    home.button(key="home_ex_sea.json").click().run()
+    assert not home.exception and not errors(home)
+    dec = sess(home).decoder
+    assert isinstance(dec, runner.TraceRun)
+    recorded = Trace.load(examples.FOLDER / "sea.json")
+    assert dec.trace.token_ids == recorded.token_ids
+    s = home.session_state["settings"]
+    assert (s.prompt, s.temperature, s.seed, s.chat) == (recorded.prompt, 0.8, 0, True)
+    assert home.query_params["steps"] == str(len(recorded.steps))
+    # the views work from the recording; a slider move replays it, still without the model
+    home.switch_page("app_pages/distributions.py").run()
+    assert not home.exception and home.get("plotly_chart")
+    home.session_state["s_temperature"] = 0.2
+    home.run()
+    assert not home.exception
+    assert sess(home).extra["whatif"].n == len(recorded.steps)
+
+
+def test_stepping_on_from_an_example_refeeds_it_first(home):
+    home.button(key="home_ex_capital_attention.json").click().run()
+    home.switch_page(GENERATE).run()  # where the browser is now (AppTest reruns Home)
+    recorded = sess(home).decoder.trace.token_ids
+    home.button(key="btn_run").click().run()
+    finish_job(home)
+    dec = sess(home).decoder
+    assert isinstance(dec, Decoder)
+    assert dec.trace.token_ids[: len(recorded)] == recorded
+    assert dec.n_steps == len(recorded) + 32
+
+
+def test_branch_from_an_alternative_keeps_the_old_branch(app):
+    at = run_steps(app, 8)
+    old_dec = sess(at).decoder
+    old = list(old_dec.trace.token_ids)
+    sess(at).selected = 3
+    at.run()
+    box = at.selectbox(key="branch_tok")
+    alt = box.options[0]  # as shown: style.display_token
+    box.select_index(0).run()
+    alt_id = at.selectbox(key="branch_tok").value
+    at.button(key="btn_branch").click().run()
+    finish_job(at)
+    assert not errors(at)
+    bs = runner.branches(sess(at))
+    assert len(bs) == 2 and bs[0].decoder is old_dec
+    new = sess(at).decoder.trace.token_ids
+    assert new[:3] == old[:3] and len(new) == 8
+    assert new[3] == alt_id
+    assert display_token(sess(at).decoder.lm.tokenizer.decode([new[3]])) == alt
+    assert old_dec.trace.token_ids == old  # the old branch is untouched
+    # switch back: instant, the same decoder and tokens
+    at.radio(key="branch_pick").set_value(0).run()
+    assert sess(at).decoder is old_dec and sess(at).decoder.trace.token_ids == old
+    at.radio(key="branch_pick").set_value(1).run()
+    assert sess(at).decoder.trace.token_ids == new
+
+
+def test_regenerate_from_the_first_changed_step_is_a_new_branch(app):
+    at = run_steps(app, 8)
+    old = list(sess(at).decoder.trace.token_ids)
+    at.session_state["s_temperature"] = 0.0
+    at.run()
+    wi = sess(at).extra["whatif"]
+    if wi.first_diff is None:
+        pytest.skip("greedy picks the sampled tokens on this model")
+    k = wi.first_diff
+    at.button(key="regen_from").click().run()
+    finish_job(at)
+    dec = sess(at).decoder
+    assert dec.trace.token_ids[:k] == old[:k] and dec.trace.token_ids[k] == wi.token_ids[k]
+    assert len(runner.branches(sess(at))) == 2
+    assert runner.branches(sess(at))[0].decoder.trace.token_ids == old
+
+
+def test_stop_keeps_what_was_made_and_says_stopped(app):
+    at = app
+    at.session_state["s_run_n"] = 400
+    at.run()
+    at.button(key="btn_run").click().run()  # one tick
+    made = sess(at).decoder.n_steps
+    assert sess(at).playing and 1 <= made < 400
+    at.button(key="job_stop").click().run()
+    assert not sess(at).playing
+    assert sess(at).decoder.n_steps == made
+    assert any("stopped after" in i.value for i in at.info), [i.value for i in at.info]
+    at.button(key="btn_step").click().run()  # the page is usable
+    assert sess(at).decoder.n_steps == made + 1
+
+
+def reference_tokens(lm, settings, n: int) -> list[int]:
+    d = Decoder(lm, settings.prompt, settings.prune_params(),
+                DecodeSettings(seed=settings.seed, chat=settings.chat))  # fmt: skip
+    d.run(n)
+    return d.trace.token_ids
+
+
+@pytest.mark.parametrize(
+    "exc", [StopException(), RerunException(RerunData())], ids=["stop", "rerun"]
+)
+@pytest.mark.parametrize("where", ["_after_forward", "_record"])
+def test_a_rerun_inside_a_step_leaves_the_run_consistent(app, tiny_lm, monkeypatch, exc, where):
+    """Streamlit stops a script at its next yield point; here that lands inside a step."""
+    at = app
+    for _ in range(3):
+        at.button(key="btn_step").click().run()
+    orig = getattr(Decoder, where)
+    calls = {"n": 0}
+
+    def interrupted(self, *a, **kw):
+        out = orig(self, *a, **kw)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise exc
+        return out
+
+    monkeypatch.setattr(Decoder, where, interrupted)
+    at.button(key="btn_step").click().run()  # this step is interrupted halfway
+    assert calls["n"] >= 1
+    at.run()  # the next rerun draws the page again
+    assert not at.exception and not errors(at)
+    n = sess(at).decoder.n_steps
+    assert n in (3, 4)  # the interrupted step left nothing behind (a rerun may redo it)
+    for _ in range(6 - n):
+        at.button(key="btn_step").click().run()
+    assert not at.exception and not errors(at)
+    ref = reference_tokens(tiny_lm, at.session_state["settings"], 6)
+    assert sess(at).decoder.trace.token_ids == ref
+
+
+def test_a_click_during_a_step_waits_for_it(app, monkeypatch):
+    """Two runs of one session at once: the second waits for the first's step, then runs."""
+    import threading
+
+    at = app
+    at.button(key="btn_step").click().run()
+    s = sess(at)
+    settings = at.session_state["settings"]
+    entered, release = threading.Event(), threading.Event()
+    orig = Decoder._record
+
+    def slow(self, *a, **kw):
+        entered.set()
+        release.wait(5)
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(Decoder, "_record", slow)
+    t = threading.Thread(target=runner.step, args=(s, settings, 1))
+    t.start()
+    assert entered.wait(5)
+    order = []
+    u = threading.Thread(target=lambda: (runner.step(s, settings, 1), order.append("second")))
+    u.start()
+    u.join(0.3)
+    assert u.is_alive() and not order  # queued behind the step in progress
+    release.set()
+    t.join(5)
+    u.join(5)
+    assert order == ["second"] and s.decoder.n_steps == 3
+    with runner.exclusive(s):  # a click that cannot get the lock in time is refused
+        v = []
+        w = threading.Thread(target=lambda: v.append(_busy(s, settings)))
+        w.start()
+        w.join(5)
+    assert v == ["Still working on the previous action: this click was not applied."]
+
+
+def _busy(s, settings) -> str:
+    try:
+        with runner.exclusive(s, wait=0.05):
+            return "ran"
+    except runner.Busy as exc:
+        return str(exc)
+
+
+def test_link_with_steps_regenerates_the_run(tiny_dir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    a = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    a.run()
+    a.session_state["s_seed"] = 3
+    a.session_state["s_temperature"] = 0.9
+    run_steps(a, 7)
+    sess(a).selected = 4
+    a.switch_page("app_pages/distributions.py").run()
+    link = dict(a.query_params)
+    assert link["steps"] == "7" and link["step"] == "4" and link["seed"] == "3"
+    tokens = sess(a).decoder.trace.token_ids
+
+    b = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    b.query_params.update(link)
+    b.run()  # Home hands a link over to Generate, which regenerates the run
+    assert not b.exception and not errors(b)
+    finish_job(b)
+    assert sess(b).decoder.trace.token_ids == tokens
+    assert sess(b).selected_step() == 4
+    assert dict(b.query_params) == link
+    assert torch.equal(
+        sess(b).decoder.trace.steps[4].cand_logits, sess(a).decoder.trace.steps[4].cand_logits
+    )
+
+
+def test_generate_page_has_the_prompt_and_no_sidebar_prompt(app):
+    assert app.text_area(key="s_prompt").value
+    assert not [t for t in app.sidebar.text_area if t.key == "s_prompt"]
+    assert GENERATE.endswith("generate.py")
+
+
+@pytest.mark.parametrize("source", ["live", "example"])
+def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
+    """After a slider move the ghost text is what the model decodes from the first changed
+    step with the new sliders, not the replay's per-step picks on the recorded context."""
+    at = app
+    if source == "example":
+        at.switch_page("app_pages/home.py").run()
+        at.button(key="home_ex_sea.json").click().run()
+        at.switch_page(GENERATE).run()  # where the browser is now (AppTest reruns Home)
+    else:
+        run_steps(at, 10)
+    s = sess(at)
+    n = s.decoder.n_steps
+    at.slider(key="s_temperature").set_value(0.0).run()
+    wi = s.extra["whatif"]
+    if wi.first_diff is None:
+        pytest.skip("greedy picks the sampled tokens here")
+    k = wi.first_diff
+    g = s.extra["ghost"]
+    assert g.at == k
+    if source == "example":  # no model yet: a fresh decoder re-feeds the k recorded tokens
+        assert g.decoder is None and g.forced == s.decoder.trace.token_ids[:k]
+    else:  # a fork of the live run, rewound to k: nothing re-fed
+        assert g.decoder is not None and g.decoder.n_steps == k and not g.forced
+    while not runner.ghost_tick(s):  # what the page's ticks do
+        pass
+    # the reference: the run's own tokens up to k, then greedy decoding
+    settings = at.session_state["settings"]
+    ref = Decoder(tiny_lm, settings.prompt, s.decoder.params,
+                  DecodeSettings(seed=settings.seed, chat=settings.chat))  # fmt: skip
+    for t in s.decoder.trace.token_ids[:k]:
+        ref.step(force_token=t)
+    ref.params = settings.prune_params()
+    ref.run(min(runner.GHOST_TOKENS, n - k))
+    assert g.tokens == ref.trace.token_ids[k:]
+    if source == "live":  # (the example was recorded by the real model, not the tiny one)
+        assert g.tokens[0] == wi.token_ids[k]  # the replay's first changed pick, for real
+    # Regenerate takes the ghost over as the new branch, without decoding it again
+    ghost = list(g.tokens)
+    at.button(key="regen_from").click().run()
+    assert sess(at).decoder is g.decoder
+    finish_job(at)
+    assert sess(at).decoder.n_steps == n
+    assert sess(at).decoder.trace.token_ids[k : k + len(ghost)] == ghost

@@ -1,0 +1,468 @@
+"""The token strip as a small bidirectional component (``st.components.v2``, no build step).
+
+The generated tokens are ``.semviz-strip .tok`` elements, in order, in the page's own DOM
+(``isolate_styles=False``), so a browser test or a user style sheet reaches them. Each token
+is coloured on an explicit scale (probability and entropy use different hues), is focusable,
+and shows a card with its top alternatives and their probability after every stage of the
+chain. Clicking a token selects its step (trigger ``select``); clicking an alternative in the
+card branches from that step with it (trigger ``branch``, ``{"step", "id"}``). From the first
+step the what-if sliders change on, the strip shows two lanes: the recorded tokens and the
+counterfactual continuation as ghost text (``.semviz-strip .ghost``).
+
+The payload is built by :func:`payload` (plain JSON; token text is set with ``textContent``
+in the browser, never as HTML).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+import torch
+
+from semviz import style
+
+MAX_TOKENS_SHOWN = 1500
+ALTERNATIVES = 6  # rows in the hover card
+PROMPT_CHARS = 240
+
+
+def _rgb(color: str) -> list[int]:
+    """``rgb(r, g, b)`` (``style.shade``) as three ints."""
+    return [int(float(x)) for x in color[color.index("(") + 1 : color.index(")")].split(",")]
+
+
+# Each scale is the palette's (``style.PROBABILITY_SCALE``, ``style.ENTROPY_SCALE``): its
+# strong end painted with an opacity that grows with the value, so the chip reads on a light
+# and on a dark page; the text on a strong chip takes the scale's pale end.
+SCALES = {
+    "probability": {
+        "rgb": _rgb(style.shade(0.8, style.PROBABILITY_SCALE)),  # darker = less likely
+        "ink": style.shade(0.0, style.PROBABILITY_SCALE),
+        "lo": "p = 1",
+        "hi": "p ≤ 0.001 (a third of the bar per factor 10)",
+        "title": "chosen token's probability",
+    },
+    "entropy": {
+        "rgb": _rgb(style.shade(1.0, style.ENTROPY_SCALE)),  # darker = more uncertain
+        "ink": style.shade(0.0, style.ENTROPY_SCALE),
+        "lo": "H = 0",
+        "hi": "H = {hmax:.1f} nats (the run's highest)",
+        "title": "entropy of the step (nats)",
+    },
+}
+
+GREY = style.REFERENCE
+
+
+def css() -> str:
+    """The strip's style sheet: theme colours from Streamlit's ``--st-*`` variables (with the
+    system colours as fallbacks), marks from the palette: the selected step in the focus
+    yellow, the first what-if step and the ghost text in the what-if pink."""
+    focus, whatif = style.FOCUS, style.WHATIF
+    line, faint = style.rgba(GREY, 0.45), style.rgba(GREY, 0.35)
+    return f"""
+.semviz-strip-root {{ font-size: 14px; }}
+.semviz-strip {{
+  font-family: ui-monospace, SFMono-Regular, Menlo, monospace; line-height: 2.0;
+  white-space: pre-wrap; word-break: break-word; max-height: 340px; overflow-y: auto;
+  border: 1px solid var(--st-border-color, {faint}); border-radius: 8px;
+  padding: 8px 10px; color: var(--st-text-color, CanvasText);
+  background: var(--st-background-color, transparent);
+}}
+.semviz-strip .prompt {{ opacity: .55; }}
+.semviz-strip .tok, .semviz-strip .ghost {{
+  border-radius: 3px; padding: 1px 1px; margin-right: 1px; cursor: pointer;
+  box-shadow: inset 0 -1px 0 {line};
+}}
+.semviz-strip .tok:hover, .semviz-strip .tok:focus {{
+  outline: 1px solid currentColor; outline-offset: 0; }}
+.semviz-strip .tok.sel {{ box-shadow: 0 0 0 3px {focus}; }}
+.semviz-strip .tok.changed {{ opacity: .6; }}
+.semviz-strip .tok.first {{ box-shadow: inset 0 -3px 0 {whatif}; }}
+.semviz-strip .tok.sel.first {{ box-shadow: 0 0 0 3px {focus}, inset 0 -3px 0 {whatif}; }}
+.semviz-strip .lanes {{ display: block; margin: 6px 0 2px;
+  border-left: 3px solid {whatif}; padding-left: 8px; }}
+.semviz-strip .lane {{ display: block; }}
+.semviz-strip .lane-label {{
+  display: inline-block; min-width: 5.5em; font-family: var(--st-font, sans-serif);
+  font-size: 11px; text-transform: uppercase; letter-spacing: .04em; opacity: .7; }}
+.semviz-strip .ghost {{
+  font-style: italic; opacity: .85; cursor: default;
+  box-shadow: none; border-bottom: 2px dashed {whatif}; border-radius: 0; }}
+.semviz-strip .pending {{ opacity: .6; font-style: italic; }}
+.semviz-legend {{ display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center;
+  font-size: 12px; opacity: .85; margin-top: 6px; font-family: var(--st-font, sans-serif); }}
+.semviz-legend .bar {{ display: inline-block; width: 140px; height: 10px; border-radius: 3px;
+  vertical-align: middle; margin: 0 6px; border: 1px solid {style.rgba(GREY, 0.4)}; }}
+.semviz-legend .mark {{ display: inline-block; width: 14px; height: 10px; border-radius: 2px;
+  vertical-align: middle; margin-right: 4px; }}
+.semviz-card {{
+  position: fixed; z-index: 1000; max-width: 460px; min-width: 280px; padding: 8px 10px;
+  border-radius: 8px; font-size: 12px; line-height: 1.45;
+  font-family: var(--st-font, sans-serif);
+  color: var(--st-text-color, CanvasText); background: var(--st-background-color, Canvas);
+  border: 1px solid var(--st-border-color, {style.rgba(GREY, 0.5)});
+  box-shadow: 0 6px 24px {style.rgba(GREY, 0.45)};
+}}
+.semviz-card .head {{ font-weight: 600; margin-bottom: 4px; }}
+.semviz-card table {{ border-collapse: collapse; width: 100%; }}
+.semviz-card th {{ font-weight: 500; opacity: .7; text-align: right; padding: 1px 5px; }}
+.semviz-card td {{ text-align: right; padding: 1px 5px; font-variant-numeric: tabular-nums; }}
+.semviz-card td.t, .semviz-card th.t {{ text-align: left; font-family: ui-monospace, monospace;
+  white-space: pre; max-width: 140px; overflow: hidden; text-overflow: ellipsis; }}
+.semviz-card tr.alt {{ cursor: pointer; }}
+.semviz-card tr.alt:hover, .semviz-card tr.alt:focus {{
+  background: var(--st-secondary-background-color, {style.rgba(GREY, 0.15)}); outline: none; }}
+.semviz-card tr.taken td {{ font-weight: 600; }}
+.semviz-card .hint {{ opacity: .7; margin-top: 4px; }}
+"""
+
+
+JS = r"""
+const show = (t) => (t === "" ? "∅" : t.replace(/\n/g, "↵\n"));
+const fmt = (p) => (p === null || p === undefined || Number.isNaN(p) ? "–"
+  : p >= 0.995 ? p.toFixed(2) : p < 0.001 ? (p > 0 ? "<.001" : "0") : p.toFixed(3));
+
+function color(rgb, v) {
+  const a = Math.max(0, Math.min(1, v)) * 0.85;
+  return `rgba(${rgb[0]},${rgb[1]},${rgb[2]},${a.toFixed(3)})`;
+}
+
+function tokSpan(d, t, extra) {
+  const [step, text, v] = t;
+  const s = document.createElement("span");
+  s.className = "tok" + (extra || "") + (step === d.selected ? " sel" : "");
+  s.dataset.step = step;
+  s.tabIndex = 0;
+  s.textContent = show(text);
+  s.style.background = color(d.rgb, v);
+  if (v > 0.62) s.style.color = d.ink;
+  return s;
+}
+
+function render(root, d) {
+  const old = root.querySelector(".semviz-strip");
+  const keep = old ? old.scrollTop : null;
+  const atEnd = old ? old.scrollTop + old.clientHeight >= old.scrollHeight - 4 : true;
+  const box = document.createElement("div");
+  box.className = "semviz-strip";
+  box.setAttribute("role", "group");
+  box.setAttribute("aria-label", "generated tokens; click one to select its step");
+  const pr = document.createElement("span");
+  pr.className = "prompt";
+  pr.textContent = d.prompt;
+  box.appendChild(pr);
+  if (d.skipped) {
+    const sk = document.createElement("span");
+    sk.className = "prompt";
+    sk.textContent = ` … ${d.skipped} earlier tokens … `;
+    box.appendChild(sk);
+  }
+  const k = d.first_diff;
+  let lanes = null, recLane = null;
+  for (const t of d.tokens) {
+    const step = t[0];
+    if (k !== null && step === k) {
+      lanes = document.createElement("span");
+      lanes.className = "lanes";
+      recLane = document.createElement("span");
+      recLane.className = "lane rec";
+      const lab = document.createElement("span");
+      lab.className = "lane-label";
+      lab.textContent = "recorded";
+      recLane.appendChild(lab);
+      lanes.appendChild(recLane);
+      box.appendChild(lanes);
+    }
+    const changed = k !== null && step >= k;
+    const el = tokSpan(d, t, changed ? (step === k ? " changed first" : " changed") : "");
+    (recLane || box).appendChild(el);
+  }
+  if (lanes && d.ghost) {
+    const g = document.createElement("span");
+    g.className = "lane ghost-lane";
+    const lab = document.createElement("span");
+    lab.className = "lane-label";
+    lab.textContent = "what-if";
+    g.appendChild(lab);
+    d.ghost.tokens.forEach((text, j) => {
+      const s = document.createElement("span");
+      s.className = "ghost";
+      s.dataset.step = k + j;
+      s.textContent = show(text);
+      g.appendChild(s);
+    });
+    if (d.ghost.note) {
+      const p = document.createElement("span");
+      p.className = "pending";
+      p.textContent = " " + d.ghost.note;
+      g.appendChild(p);
+    }
+    lanes.appendChild(g);
+  }
+  if (old) old.replaceWith(box); else root.prepend(box);
+  if (d.follow && atEnd) box.scrollTop = box.scrollHeight;
+  else if (keep !== null) box.scrollTop = keep;
+  const sel = box.querySelector(".tok.sel");
+  if (sel && !d.follow) {
+    const b = box.getBoundingClientRect(), r = sel.getBoundingClientRect();
+    if (r.top < b.top || r.bottom > b.bottom) box.scrollTop += r.top - b.top - b.height / 3;
+  }
+  legend(root, d);
+}
+
+function legend(root, d) {
+  let lg = root.querySelector(".semviz-legend");
+  if (!lg) { lg = document.createElement("div"); lg.className = "semviz-legend"; root.appendChild(lg); }
+  lg.replaceChildren();
+  const sc = document.createElement("span");
+  sc.append(d.scale.title + ": " + d.scale.lo);
+  const bar = document.createElement("span");
+  bar.className = "bar";
+  bar.style.background = `linear-gradient(90deg, ${color(d.rgb, 0)}, ${color(d.rgb, 1)})`;
+  sc.append(bar, d.scale.hi);
+  lg.appendChild(sc);
+  for (const [text, mark] of d.hints) {
+    const h = document.createElement("span");
+    if (mark) { const m = document.createElement("span"); m.className = "mark"; m.style.background = mark; h.appendChild(m); }
+    h.append(text);
+    lg.appendChild(h);
+  }
+}
+
+function card(root, step, anchor) {
+  const d = root.__d;
+  const alts = d.alts[String(step)];
+  hide(root);
+  if (!alts) return;
+  const c = document.createElement("div");
+  c.className = "semviz-card";
+  c.dataset.step = step;
+  const head = document.createElement("div");
+  head.className = "head";
+  head.textContent = alts.head;
+  c.appendChild(head);
+  const tb = document.createElement("table");
+  const hr = document.createElement("tr");
+  for (const h of ["token", ...alts.stages]) {
+    const th = document.createElement("th");
+    th.textContent = h;
+    if (h === "token") th.className = "t";
+    hr.appendChild(th);
+  }
+  tb.appendChild(hr);
+  for (const [id, text, probs, taken] of alts.rows) {
+    const tr = document.createElement("tr");
+    tr.className = taken ? "taken" : "alt";
+    const td = document.createElement("td");
+    td.className = "t";
+    td.textContent = (taken ? "▶ " : "") + text;
+    tr.appendChild(td);
+    for (const p of probs) { const x = document.createElement("td"); x.textContent = fmt(p); tr.appendChild(x); }
+    if (!taken && d.branchable) {
+      tr.tabIndex = 0;
+      tr.title = "branch: take this token at step " + step + " and decode on";
+      const go = () => { hide(root); root.__trigger("branch", { step: step, id: id }); };
+      tr.addEventListener("click", go);
+      tr.addEventListener("keydown", (e) => { if (e.key === "Enter") go(); });
+    }
+    tb.appendChild(tr);
+  }
+  c.appendChild(tb);
+  const hint = document.createElement("div");
+  hint.className = "hint";
+  hint.textContent = d.branchable ? "Click a row to branch from this step with that token."
+    : alts.why || "";
+  c.appendChild(hint);
+  c.addEventListener("mouseenter", () => clearTimeout(root.__hideT));
+  c.addEventListener("mouseleave", () => later(root));
+  root.appendChild(c);
+  const r = anchor.getBoundingClientRect();
+  const w = c.offsetWidth, h = c.offsetHeight;
+  let x = Math.min(r.left, window.innerWidth - w - 8), y = r.bottom + 4;
+  if (y + h > window.innerHeight - 8) y = Math.max(8, r.top - h - 4);
+  c.style.left = Math.max(8, x) + "px";
+  c.style.top = y + "px";
+}
+
+function hide(root) { clearTimeout(root.__hideT); root.querySelectorAll(".semviz-card").forEach((c) => c.remove()); }
+function later(root) { clearTimeout(root.__hideT); root.__hideT = setTimeout(() => hide(root), 300); }
+
+function wire(root) {
+  if (root.__wired) return;
+  root.__wired = true;
+  const tokOf = (e) => e.target.closest && e.target.closest(".semviz-strip .tok");
+  root.addEventListener("mouseover", (e) => {
+    const t = tokOf(e);
+    if (!t) return;
+    clearTimeout(root.__hideT);
+    const cur = root.querySelector(".semviz-card");
+    if (cur && cur.dataset.step === t.dataset.step) return;
+    card(root, Number(t.dataset.step), t);
+  });
+  root.addEventListener("mouseout", (e) => { if (tokOf(e)) later(root); });
+  root.addEventListener("focusin", (e) => { const t = tokOf(e); if (t) card(root, Number(t.dataset.step), t); });
+  root.addEventListener("click", (e) => {
+    const t = tokOf(e);
+    if (t) root.__trigger("select", Number(t.dataset.step));
+  });
+  root.addEventListener("keydown", (e) => {
+    const t = tokOf(e);
+    if (t && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); root.__trigger("select", Number(t.dataset.step)); }
+    if (e.key === "Escape") hide(root);
+  });
+}
+
+export default function (component) {
+  const { data, setTriggerValue, parentElement } = component;
+  let root = parentElement.querySelector(".semviz-strip-root");
+  if (!root) {
+    root = document.createElement("div");
+    root.className = "semviz-strip-root";
+    parentElement.appendChild(root);
+  }
+  root.__d = data;
+  root.__trigger = setTriggerValue;
+  wire(root);
+  const open = root.querySelector(".semviz-card");
+  render(root, data);
+  if (open) {
+    const t = root.querySelector(`.semviz-strip .tok[data-step="${open.dataset.step}"]`);
+    if (t && t.matches(":hover")) card(root, Number(open.dataset.step), t); else hide(root);
+  }
+  return () => hide(root);
+}
+"""
+
+_COMPONENT: Any = None
+
+
+def _component():
+    global _COMPONENT
+    if _COMPONENT is None:
+        _COMPONENT = st.components.v2.component(
+            "semviz_token_strip", css=css(), js=JS, isolate_styles=False
+        )
+    return _COMPONENT
+
+
+def value(p: float) -> float:
+    """Colour intensity for a chosen-token probability, on a log scale: 0 at p = 1, 1/3 at
+    0.1, 2/3 at 0.01, 1 at 0.001 and below (a linear scale paints most sampled tokens dark)."""
+    if not math.isfinite(p) or p <= 0.0:
+        return 1.0
+    return min(1.0, max(0.0, -math.log10(p) / 3.0))
+
+
+def payload(
+    ctx, color_by: str = "probability", *, ghost: dict | None = None, branchable: bool = True
+) -> dict:
+    """The strip's data for ``ctx``'s run: tokens, colours, hover cards and the ghost lane."""
+    tr = ctx.trace
+    steps = tr.steps
+    n = len(steps)
+    start = max(0, n - MAX_TOKENS_SHOWN)
+    scale = dict(SCALES.get(color_by, SCALES["probability"]))
+    hmax = max((s.entropy for s in steps), default=1.0) or 1.0
+    scale["hi"] = scale["hi"].format(hmax=hmax)
+    tokens, alts = [], {}
+    stages = list(steps[0].stage_probs) if steps else []
+    first = ctx.first_diff
+    whatif = first is not None
+    for i in range(start, n):
+        s = steps[i]
+        v = s.entropy / hmax if color_by == "entropy" else value(s.chosen_prob)
+        tokens.append([i, s.token_text, round(float(v), 3)])
+        alts[str(i)] = _card(ctx, i, stages, whatif)
+    prompt = "".join(tr.prompt_tokens)
+    if len(prompt) > PROMPT_CHARS:
+        prompt = "…" + prompt[-PROMPT_CHARS:]
+    # [text, colour of its mark or None]
+    hints = [["selected step (click a token)", style.FOCUS], ["hover: alternatives", None]]
+    if whatif:
+        hints.append(
+            [f"the sliders change step {first}; below it, what-if ghost text", style.WHATIF]
+        )
+    return {
+        "prompt": prompt,
+        "skipped": start,
+        "tokens": tokens,
+        "selected": ctx.selected,
+        "follow": ctx.sess.selected is None,
+        "first_diff": first,
+        "ghost": ghost,
+        "rgb": scale.pop("rgb"),
+        "ink": scale.pop("ink"),
+        "scale": scale,
+        "alts": alts,
+        "hints": hints,
+        "branchable": branchable,
+    }
+
+
+def _card(ctx, i: int, stages: list[str], whatif: bool) -> dict:
+    rec = ctx.steps[i]
+    k = min(ALTERNATIVES, rec.cand_ids.numel())
+    ids = rec.cand_ids[:k].tolist()
+    rows_ids = ids if rec.chosen_rank < 0 or rec.chosen_rank < k else [*ids, rec.token_id]
+    ranks = list(range(k)) if len(rows_ids) == k else [*range(k), rec.chosen_rank]
+    labels = [style.display_token(t) for t in ctx.labels(rows_ids)]  # whitespace shows
+    res = ctx.result(i) if whatif else None
+    # a stage that changed nothing at this step (gravity at λ 0, T 1) is left out of the card
+    shown = [name for j, name in enumerate(stages)
+             if j == 0 or name == "final"
+             or not torch.equal(rec.stage_probs[name], rec.stage_probs[stages[j - 1]])]  # fmt: skip
+    raw = rec.top_probs
+    rows = []
+    for r, tid, lab in zip(ranks, rows_ids, labels, strict=True):
+        probs = []
+        for name in shown:
+            if name == "raw" and r < raw.numel():
+                probs.append(round(float(raw[r]), 4))
+            else:
+                probs.append(round(float(rec.stage_probs[name][r]), 4))
+        if whatif:
+            probs.append(round(float(res.index_probs["final"][r]), 4) if res is not None else None)
+        rows.append([int(tid), lab, probs, r == rec.chosen_rank])
+    p = rec.chosen_prob
+    head = (
+        f"step {i} · {style.display_token(rec.token_text)} · p {p:.3f} · H {rec.entropy:.2f} nats · "
+        f"kept {rec.n_kept} · T {rec.temperature:.2f}"
+    )
+    return {"head": head, "rows": rows, "stages": [*shown, "what-if"] if whatif else shown}
+
+
+def draw(
+    ctx,
+    color_by: str = "probability",
+    *,
+    ghost: dict | None = None,
+    branchable: bool = True,
+    on_select: Callable[[int], None] | None = None,
+    on_branch: Callable[[int, int], None] | None = None,
+    key: str = "semviz_strip",
+) -> None:
+    """Mount the strip; ``on_select(step)`` and ``on_branch(step, token_id)`` run as callbacks."""
+
+    def _sel() -> None:
+        v = _trigger(key, "select")
+        if v is not None and on_select is not None:
+            on_select(int(v))
+
+    def _br() -> None:
+        v = _trigger(key, "branch")
+        if isinstance(v, dict) and on_branch is not None:
+            on_branch(int(v["step"]), int(v["id"]))
+
+    data = payload(ctx, color_by, ghost=ghost, branchable=branchable and on_branch is not None)
+    _component()(key=key, data=data, on_select_change=_sel, on_branch_change=_br)
+
+
+def _trigger(key: str, name: str):
+    state = st.session_state.get(key)
+    if state is None:
+        return None
+    return state.get(name) if isinstance(state, dict) else getattr(state, name, None)
