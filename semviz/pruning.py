@@ -39,6 +39,7 @@ from torch import Tensor
 from semviz.gravity import (
     candidate_matrix,
     context_mass,
+    ema_mass,
     gravity_for_step,
     gravity_potential,
     normalize_gravity,
@@ -47,6 +48,7 @@ from semviz.gravity import (
 __all__ = [
     "candidate_matrix",
     "context_mass",
+    "ema_mass",
     "gravity_for_step",
     "gravity_potential",
     "normalize_gravity",
@@ -86,7 +88,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "gravity_mode": ("full", "rerank"),
     "gravity_mass": ("attention", "ema", "uniform", "idf", "norm"),
     "gravity_sim": ("cosine", "dot"),
-    "gravity_space": ("embedding", "hidden"),
+    "gravity_space": ("embedding", "hidden", "contextual"),
+    "gravity_kind": ("pull", "contrast"),
+    "gravity_anchor": ("prompt", "context", "window"),
     "adaptive": ("none", "target", "edt", "dynatemp", "mirostat"),
 }
 
@@ -122,10 +126,25 @@ class PruneParams:
     rerank_k: int = 64
     gravity_mass: Literal["attention", "ema", "uniform", "idf", "norm"] = "attention"
     gravity_sim: Literal["cosine", "dot"] = "cosine"
-    gravity_space: Literal["embedding", "hidden"] = "embedding"
+    gravity_space: Literal["embedding", "hidden", "contextual"] = "embedding"
     gravity_layers: tuple[int, ...] | None = None
     gravity_heads: tuple[int, ...] | None = None
     ema_decay: float = 0.9
+    # gravity variants (see semviz.gravity); one line of help each
+    # pull: G = Σ m_i·sim(w, t_i), z-scored; contrast: log P(w|C) - log P(w|last k tokens)
+    gravity_kind: Literal["pull", "contrast"] = "pull"
+    # which tokens carry mass: the user's prompt, the whole context, or the last gravity_window
+    gravity_anchor: Literal["prompt", "context", "window"] = "context"
+    # positions in the recency window of gravity_anchor="window"
+    gravity_window: int = 64
+    # the first positions (attention sinks) get no mass
+    gravity_sinks: int = 0
+    # special and chat-template tokens and the system prompt get no mass
+    gravity_skip_template: bool = False
+    # tokens that would repeat an n-gram of the context keep no positive gravity; 0 = off
+    gravity_ngram: int = 0
+    # gravity_kind="contrast": the short context is the last k tokens
+    gravity_contrast_k: int = 8
     # free-energy criterion: keep w iff U(w) - U_min <= kappa * T * H
     free_energy: bool = False
     free_energy_kappa: float = 1.0
@@ -211,6 +230,20 @@ class PruneParams:
                 or any(isinstance(i, bool) or not isinstance(i, int) for i in v)
             ):
                 bad(name, "must be None or a non-empty tuple of ints")
+        for name in ("gravity_window", "gravity_sinks", "gravity_ngram", "gravity_contrast_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                bad(name, "must be an int")
+        if self.gravity_window < 1:
+            bad("gravity_window", "must be >= 1")
+        if self.gravity_sinks < 0:
+            bad("gravity_sinks", "must be >= 0")
+        if not isinstance(self.gravity_skip_template, bool):
+            bad("gravity_skip_template", "must be a bool")
+        if self.gravity_ngram < 0:
+            bad("gravity_ngram", "must be >= 0 (0 means off)")
+        if self.gravity_contrast_k < 1:
+            bad("gravity_contrast_k", "must be >= 1")
         if not isinstance(self.free_energy, bool):
             bad("free_energy", "must be a bool")
         if self.free_energy_kappa < 0:
@@ -346,31 +379,11 @@ class SamplerState:
     def update_attention_ema(self, attention_mass: Tensor, decay: float) -> Tensor:
         """Fold this step's attention mass ``(N,)`` into the EMA and return it ``(N,)``.
 
-        Positions new since the last step start at their current value. After KV eviction
-        the caller should index ``attention_ema`` the same way as the cache.
+        Positions are absolute; one new since the last step enters at zero
+        (:func:`semviz.gravity.ema_mass`).
         """
         self.attention_ema = ema_mass(self.attention_ema, attention_mass, decay)
         return self.attention_ema
-
-
-def ema_mass(prev: Tensor | None, current: Tensor, decay: float) -> Tensor:
-    """``decay * prev + (1 - decay) * current``, renormalised to sum 1 ``(N,)``.
-
-    ``prev`` may be shorter than ``current`` (tokens appended since); its missing entries
-    are taken from ``current``.
-    """
-    cur = current.detach().float().flatten()  # (N,)
-    if prev is None:
-        out = cur.clone()
-    else:
-        p = prev.detach().float().flatten().to(cur.device)
-        if p.numel() > cur.numel():
-            p = p[-cur.numel() :]
-        if p.numel() < cur.numel():
-            p = torch.cat([p, cur[p.numel() :]])
-        out = decay * p + (1.0 - decay) * cur
-    s = out.sum()
-    return out / s if s > 0 else torch.full_like(out, 1.0 / max(out.numel(), 1))
 
 
 @dataclass
