@@ -312,11 +312,7 @@ class Decoder:
 
     def _needs_attention(self) -> bool:
         p = self.params
-        return self.eviction is not None or (
-            p.gravity_lambda != 0
-            and p.gravity_kind == "pull"
-            and p.gravity_mass in ("attention", "ema")
-        )
+        return self.eviction is not None or gravity.reads_attention(p)
 
     def _after_forward(self, fw: _Forward) -> None:
         """Bookkeeping after a forward: hidden states, eviction."""

@@ -48,7 +48,7 @@ from torch import Tensor
 
 Sim = Literal["cosine", "dot"]
 Space = Literal["embedding", "hidden", "contextual"]
-MassSource = Literal["attention", "ema", "uniform", "idf", "norm"]
+MassSource = Literal["attention", "ema", "uniform", "idf", "norm", "info"]
 Kind = Literal["pull", "contrast"]
 Anchor = Literal["prompt", "context", "window"]
 
@@ -107,6 +107,8 @@ __all__ = [
     "normalize_gravity",
     "project",
     "prompt_roles",
+    "reads_attention",
+    "reads_hidden",
     "pull_vector",
     "repeat_tokens",
     "row_norms",
@@ -120,6 +122,24 @@ _EPS = 1e-8
 
 def _unit_rows(x: Tensor) -> Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(_EPS)
+
+
+def reads_attention(params: Any) -> bool:
+    """True when ``params``' gravity needs the step's last-query attention."""
+    return (
+        params.gravity_lambda != 0.0
+        and params.gravity_kind == "pull"
+        and params.gravity_mass in ("attention", "ema")
+    )
+
+
+def reads_hidden(params: Any) -> bool:
+    """True when ``params``' gravity needs the final normed hidden states of the context."""
+    return (
+        params.gravity_lambda != 0.0
+        and params.gravity_kind == "pull"
+        and params.gravity_space != "embedding"
+    )
 
 
 # -- the potential ------------------------------------------------------------------------------
@@ -346,6 +366,38 @@ def _cached(model: torch.nn.Module, tag: tuple, w: Tensor, build) -> Tensor:
             del per_model[k]
         per_model[key] = hit
     return hit
+
+
+INFO_QUANTILE = 0.05  # mass "info": the vocabulary's most expected 5% carry none
+
+
+def information_mass(model: torch.nn.Module) -> Tensor:
+    """Mass ``info`` of every token: its information above the stopword level. ``(V,)``
+
+    ``I(w) = -log P(w | bos)``, the model's own surprise at ``w`` opening a text: a few nats
+    for "the", "," or "and", 12 to 20 for "beekeeper" or "lighthouse". The mass is
+    ``max(0, I(w) - I_5%)``, where ``I_5%`` is the 5% quantile of ``I`` over the vocabulary,
+    so the ~5% most expected tokens (function words, punctuation) carry none: an idf from
+    the model itself, no corpus needed. One forward per model, cached.
+    """
+    w = model.get_output_embeddings().weight
+
+    def build() -> Tensor:
+        cfgs = (getattr(model, "generation_config", None), model.config)
+        start = next(
+            (v for c in cfgs for v in (getattr(c, "bos_token_id", None),) if isinstance(v, int)),
+            None,
+        )
+        if start is None:
+            start = next(iter(_model_special_ids(model)), 0)
+        dev = w.device
+        with torch.inference_mode():
+            x = model.get_decoder()(input_ids=torch.tensor([[start]], device=dev)).last_hidden_state
+            info = -log_probs(model.get_output_embeddings()(x[0, -1]).float()).cpu()  # (V,)
+        floor = torch.quantile(info, INFO_QUANTILE)
+        return (info - floor).clamp_min(0.0)
+
+    return _cached(model, ("info",), w, build)
 
 
 def fuses_with_lm_head(model: torch.nn.Module, space: Space) -> bool:
@@ -623,6 +675,8 @@ def context_pull(model: torch.nn.Module, params: Any, ctx: GravityContext) -> Co
             now[pos] = raw
             ema = ema_mass(ctx.ema, now, params.ema_decay)  # (T,)
             raw = ema[pos]
+    elif src == "info":
+        raw = information_mass(model)[ids]  # (S,)
     else:
         raw = torch.zeros(pos.numel())
         if bool(ok.any()):

@@ -657,16 +657,17 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
             gravity_lambda=float(gravity_lambda), min_tokens_to_keep=min_tokens_to_keep, **kw
         )
         p = self.params
-        pulls = p.gravity_kind == "pull" and p.gravity_lambda != 0.0  # λ = 0 reads nothing
-        if p.gravity_space != "embedding" and hidden_sink is None and pulls:
+        if grav.reads_hidden(p) and hidden_sink is None:
             raise ValueError(
                 f"`hidden_sink` is required for space={p.gravity_space!r} (see capture_hidden)"
             )
-        if (p.gravity_space != "embedding" or p.gravity_kind == "contrast") and model is None:
-            raise ValueError("`model` is required for the hidden spaces and kind='contrast'")
-        if pulls and p.gravity_mass in ("attention", "ema"):
-            if attention_sink is None:
-                raise ValueError(f"`attention_sink` is required for mass={p.gravity_mass!r}")
+        needs_lm = p.gravity_space != "embedding" or p.gravity_kind == "contrast"
+        if model is None and (needs_lm or p.gravity_mass == "info"):
+            raise ValueError(
+                "`model` is required for mass='info', the hidden spaces and kind='contrast'"
+            )
+        if grav.reads_attention(p) and attention_sink is None:
+            raise ValueError(f"`attention_sink` is required for mass={p.gravity_mass!r}")
         self.model, self.embedding, self.tokenizer = model, embedding, tokenizer
         self.attention_sink, self.hidden_sink = attention_sink, hidden_sink
         if pad_token_id is None and tokenizer is not None:

@@ -86,7 +86,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "combine": ("intersection", "sequential"),
     "tie_rule": ("stable", "hf"),
     "gravity_mode": ("full", "rerank"),
-    "gravity_mass": ("attention", "ema", "uniform", "idf", "norm"),
+    "gravity_mass": ("attention", "ema", "uniform", "idf", "norm", "info"),
     "gravity_sim": ("cosine", "dot"),
     "gravity_space": ("embedding", "hidden", "contextual"),
     "gravity_kind": ("pull", "contrast"),
@@ -124,7 +124,7 @@ class PruneParams:
     gravity_lambda: float = 0.0
     gravity_mode: Literal["full", "rerank"] = "full"
     rerank_k: int = 64
-    gravity_mass: Literal["attention", "ema", "uniform", "idf", "norm"] = "attention"
+    gravity_mass: Literal["attention", "ema", "uniform", "idf", "norm", "info"] = "attention"
     gravity_sim: Literal["cosine", "dot"] = "cosine"
     gravity_space: Literal["embedding", "hidden", "contextual"] = "embedding"
     gravity_layers: tuple[int, ...] | None = None
