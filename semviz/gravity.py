@@ -16,7 +16,10 @@ and on chat-template tokens, which say nothing about the story. By default the f
 (``gravity_skip_template``), and ``gravity_anchor`` picks the story: the user's prompt only
 (``"prompt"``: the feedback loop in which generated words pull towards themselves cannot
 start), everything (``"context"``) or the last ``gravity_window`` positions (``"window"``).
-The roles of the prompt's positions come from :func:`prompt_roles`.
+The roles of the prompt's positions come from :func:`prompt_roles`. Among the positions that
+may pull, the mass source weighs them: the step's attention (or its EMA), uniform, a
+count-based idf, the embedding norm, or ``"info"``, a token's surprise opening a text under
+the model itself (:func:`information_mass`), which gives stopwords and punctuation none.
 
 Topic, not copies. A token that would repeat an n-gram already in the context
 (``gravity_ngram``) keeps no positive gravity (:func:`ngram_guard`), as contrastive search
@@ -87,6 +90,7 @@ FIRST_GRAVITY = {
 __all__ = [
     "FIRST_GRAVITY",
     "GRAVITY_FIELDS",
+    "INFO_QUANTILE",
     "ContextPull",
     "GravityContext",
     "candidate_matrix",
@@ -100,6 +104,7 @@ __all__ = [
     "gravity_potential",
     "gravity_terms",
     "in_short_forward",
+    "information_mass",
     "log_probs",
     "logits_and_gravity",
     "mass_mask",

@@ -14,7 +14,7 @@ from semviz.pruning import PruneParams
 from semviz.replay import recompute_gravity, replay
 
 PROMPT = "Write a story about a beekeeper who talks to her bees."
-MASSES = ("attention", "ema", "uniform", "idf", "norm")
+MASSES = ("attention", "ema", "uniform", "idf", "norm", "info")
 ANCHORS = (
     {},  # the default gravity
     {"gravity_anchor": "context"},

@@ -61,6 +61,18 @@ def test_defaults_give_sinks_template_and_system_no_mass(tiny_lm):
         assert float(cp.mass[roles == U].sum()) == pytest.approx(1.0), mass
 
 
+def test_information_mass_is_surprise_above_the_stopword_level(tiny_lm):
+    model = tiny_lm.model
+    info = gv.information_mass(model)
+    bos = model.generation_config.bos_token_id
+    with torch.no_grad():
+        surprise = -torch.log_softmax(model(torch.tensor([[bos]])).logits[0, -1].float(), -1)
+    want = (surprise - torch.quantile(surprise, gv.INFO_QUANTILE)).clamp_min(0.0)
+    torch.testing.assert_close(info, want, atol=1e-4, rtol=1e-4)
+    assert info is gv.information_mass(model)  # one forward per model
+    assert 0.04 < float((info == 0).float().mean()) < 0.06
+
+
 def test_anchor_sinks_and_template_masks():
     roles = torch.tensor([T, S, S, T, U, U, U, T], dtype=torch.int8)
     ids = torch.arange(10, 22)  # 8 prompt positions, then 4 generated

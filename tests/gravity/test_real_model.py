@@ -23,6 +23,20 @@ def _shipped(n: int = 3) -> list[str]:
     return [r["text"] for r in rows if r["split"] == "dev" and r["kind"] == "story"][:n]
 
 
+def test_information_mass_ignores_stopwords_and_punctuation(real_lm):
+    from semviz.gravity import information_mass
+
+    info = information_mass(real_lm.model)
+    tok = real_lm.tokenizer
+
+    def mass(text: str) -> float:
+        (i,) = tok(text, add_special_tokens=False)["input_ids"]
+        return float(info[i])
+
+    assert [mass(w) for w in (" the", " a", " of", " and", ",", ".")] == [0.0] * 6
+    assert min(mass(w) for w in (" bee", " lighthouse", " violin", " village")) > 2.0
+
+
 @pytest.mark.parametrize("lam", [0.5, 1.0])
 def test_default_gravity_keeps_repetition_low(real_lm, lam):
     """λ 1 with the default mass at T 0.7, fallback off: repeated word 4-grams under 5%."""
