@@ -1,4 +1,4 @@
-"""Command line: ``python -m semviz trace|replay|kv-eval|bench|report|compare …``.
+"""Command line: ``python -m semviz trace|replay|kv-eval|bench|report|compare|frontier …``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)`` and ``run(args) -> int``.
 Modules import torch and transformers inside ``run`` so ``--help`` stays instant.
@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("trace", "replay", "kv_eval", "bench", "report", "compare")
+COMMANDS = ("trace", "replay", "kv_eval", "bench", "report", "compare", "frontier")
 
 
 class UserError(Exception):
