@@ -13,7 +13,7 @@ from semviz.pruning import PruneParams
 
 pytestmark = pytest.mark.real_model
 
-PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts.jsonl"
+PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts" / "prompts.jsonl"
 NEW_TOKENS = 48
 
 
