@@ -257,7 +257,8 @@ class Decoder:
             logits = model.get_output_embeddings()(h[-1:])[0].float()  # (V,)
             t_model = time.perf_counter() - t1
             g = gravity.contrast_gravity(logits, self._short_logits())  # (V,)
-            return logits, gravity.finish_gravity(g, p, ids), time.perf_counter() - t0 - t_model
+            g = gravity.finish_gravity(model, g, p, ids)
+            return logits, g, time.perf_counter() - t0 - t_model
         pos = self.union_positions()  # (S,) the context this query read
         hidden = None
         if p.gravity_space != "embedding":
@@ -282,7 +283,7 @@ class Decoder:
             logits = model.get_output_embeddings()(h[-1:])[0].float()
             t_model = time.perf_counter() - t1
             g = gravity.project(model, cp.pull[None], p.gravity_space, p.gravity_sim)[0]
-        g = gravity.finish_gravity(g, p, ids)  # (V,) z-scored, n-gram guarded
+        g = gravity.finish_gravity(model, g, p, ids)  # (V,) z-scored, copies guarded
         return logits, g, time.perf_counter() - t0 - t_model
 
     def _short_logits(self) -> torch.Tensor:

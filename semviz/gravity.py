@@ -22,8 +22,10 @@ count-based idf, the embedding norm, or ``"info"``, a token's surprise opening a
 the model itself (:func:`information_mass`), which gives stopwords and punctuation none.
 
 Topic, not copies. A token that would repeat an n-gram already in the context
-(``gravity_ngram``) keeps no positive gravity (:func:`ngram_guard`), as contrastive search
-penalises near-copies of the context.
+(``gravity_ngram``, :func:`ngram_guard`), or whose embedding is a near copy of a context
+token (``gravity_copy_cos``, :func:`near_copies`: "clocks" after "clock"), keeps no positive
+gravity, as contrastive search penalises near-copies of the context. Without it a strong
+pull stuffs the text with the prompt's words ("clock clocks clockclock").
 
 Spaces. ``"embedding"``: candidates ``E[w]`` against context ``E[t_i]`` (input embeddings).
 ``"hidden"``: candidates are the output embeddings (``lm_head`` rows) and each context
@@ -72,6 +74,7 @@ GRAVITY_FIELDS = (
     "gravity_sinks",
     "gravity_skip_template",
     "gravity_ngram",
+    "gravity_copy_cos",
     "gravity_contrast_k",
 )
 
@@ -83,6 +86,7 @@ FIRST_GRAVITY = {
     "gravity_sinks": 0,
     "gravity_skip_template": False,
     "gravity_ngram": 0,
+    "gravity_copy_cos": 0.0,
     "gravity_space": "embedding",
     "gravity_sim": "cosine",
 }
@@ -108,6 +112,7 @@ __all__ = [
     "log_probs",
     "logits_and_gravity",
     "mass_mask",
+    "near_copies",
     "ngram_guard",
     "normalize_gravity",
     "project",
@@ -757,12 +762,49 @@ def ngram_guard(g: Tensor, ids: Tensor, n: int, index: Tensor | None = None) -> 
     return torch.where(hit & (g > 0), torch.zeros_like(g), g)
 
 
+def near_copies(model: torch.nn.Module, ids: Tensor, cos: float) -> Tensor:
+    """Every token whose input embedding has cosine ``>= cos`` with one of ``ids``. ``(k,)``
+
+    "clock" brings " Clock", " clocks" and "clock" (cosine ≈ 0.75 in SmolLM2), not " timer"
+    (0.5). Each token's set is computed once per model and threshold, then cached.
+    """
+    unit = candidate_matrix(model, "embedding", "cosine")  # (V, d)
+    w = _weight(model, "embedding")
+    memo = _cached(model, ("copies", float(cos)), w, dict)
+    uniq = torch.unique(ids.long().flatten())
+    new = [int(i) for i in uniq.tolist() if int(i) not in memo and 0 <= int(i) < unit.shape[0]]
+    for start in range(0, len(new), 256):  # bounded (256, V) blocks
+        block = new[start : start + 256]
+        with torch.no_grad():
+            hit = (unit[block] @ unit.T) >= cos - 1e-6  # (b, V)
+        for i, row in zip(block, hit, strict=True):
+            memo[i] = row.nonzero()[:, 0]
+    parts = [memo[int(i)] for i in uniq.tolist() if int(i) in memo]
+    return torch.unique(torch.cat(parts)) if parts else uniq.new_zeros(0)
+
+
 def finish_gravity(
-    raw: Tensor, params: Any, ids: Tensor, index: Tensor | None = None, *, normalize: bool = True
+    model: torch.nn.Module,
+    raw: Tensor,
+    params: Any,
+    ids: Tensor,
+    index: Tensor | None = None,
+    *,
+    normalize: bool = True,
 ) -> Tensor:
-    """The step's ``G`` from its raw values: z-scored (kind ``pull``), then the n-gram guard."""
+    """The step's ``G`` from its raw values: z-scored (kind ``pull``), then the copy guards.
+
+    A token that would repeat an n-gram of the context (``gravity_ngram``) or that is a near
+    copy of a context token (``gravity_copy_cos``, :func:`near_copies`) keeps no positive
+    gravity. ``index`` (K,): the token ids ``raw`` is over (default the vocabulary).
+    """
     g = normalize_gravity(raw) if normalize and params.gravity_kind == "pull" else raw.float()
-    return ngram_guard(g, ids, params.gravity_ngram, index)
+    g = ngram_guard(g, ids, params.gravity_ngram, index)
+    if params.gravity_copy_cos > 0:
+        banned = near_copies(model, ids, params.gravity_copy_cos)
+        hit = torch.isin(torch.arange(g.shape[-1]) if index is None else index.long(), banned)
+        g = torch.where(hit.to(g.device) & (g > 0), torch.zeros_like(g), g)
+    return g
 
 
 # -- gravity by contrast (coherence boosting) -------------------------------------------------
@@ -836,10 +878,10 @@ def gravity_for_step(
         if logits is None:
             raise ValueError("gravity_kind='contrast' needs the step's logits (V,)")
         short = short_window_logits(model, ctx.ids[-params.gravity_contrast_k :])[0]  # (V,)
-        return finish_gravity(contrast_gravity(logits, short), params, ctx.ids)
+        return finish_gravity(model, contrast_gravity(logits, short), params, ctx.ids)
     pull = context_pull(model, params, ctx).pull  # (d,)
     raw = project(model, pull[None], params.gravity_space, params.gravity_sim)[0]  # (V,)
-    return finish_gravity(raw, params, ctx.ids, normalize=normalize)
+    return finish_gravity(model, raw, params, ctx.ids, normalize=normalize)
 
 
 # -- reading a recorded trace ---------------------------------------------------------------------

@@ -536,6 +536,7 @@ _GRAVITY_ARGS = {
     "sinks": "gravity_sinks",
     "skip_template": "gravity_skip_template",
     "ngram": "gravity_ngram",
+    "copy_cos": "gravity_copy_cos",
     "contrast_k": "gravity_contrast_k",
 }
 
@@ -630,6 +631,7 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
         sinks: int | None = None,
         skip_template: bool | None = None,
         ngram: int | None = None,
+        copy_cos: float | None = None,
         contrast_k: int | None = None,
         attention_sink=None,
         hidden_sink: HiddenSink | None = None,
@@ -650,7 +652,7 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
             layers=tuple(layers) if layers is not None else None,
             heads=tuple(heads) if heads is not None else None,
             ema_decay=ema_decay, anchor=anchor, window=window, sinks=sinks,
-            skip_template=skip_template, ngram=ngram, contrast_k=contrast_k,
+            skip_template=skip_template, ngram=ngram, copy_cos=copy_cos, contrast_k=contrast_k,
         )  # fmt: skip
         kw = {_GRAVITY_ARGS[k]: v for k, v in given.items() if v is not None}
         self.params = _params(
@@ -760,19 +762,22 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
                 row.raw = grav.project(
                     self._source(), cp.pull[None], p.gravity_space, p.gravity_sim
                 )[0]
-            out.append(grav.finish_gravity(row.raw, p, ids))  # (V,)
+            out.append(grav.finish_gravity(self._source(), row.raw, p, ids))  # (V,)
         return torch.stack(out)  # (B, V)
 
     def _contrast(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         """Coherence boosting: ``log P(w|C) - log P(w|last k tokens)`` per row. (B, V)"""
         k = self.params.gravity_contrast_k
-        wins = [input_ids[b, row.pad :][-k:].long().cpu() for b, row in enumerate(self._rows)]
+        rows = [input_ids[b, row.pad :].long().cpu() for b, row in enumerate(self._rows)]
+        wins = [r[-k:] for r in rows]
         if len({w.numel() for w in wins}) == 1:
             short = grav.short_window_logits(self.model, torch.stack(wins))  # (B, V)
         else:  # rows shorter than k: one forward each
             short = torch.cat([grav.short_window_logits(self.model, w) for w in wins])
         g = grav.contrast_gravity(scores.float().cpu(), short[:, : scores.shape[-1]])  # (B, V)
-        return torch.stack([grav.finish_gravity(g[b], self.params, w) for b, w in enumerate(wins)])
+        return torch.stack(
+            [grav.finish_gravity(self.model, g[b], self.params, r) for b, r in enumerate(rows)]
+        )
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         p = self.params

@@ -143,6 +143,8 @@ class PruneParams:
     gravity_skip_template: bool = False
     # tokens that would repeat an n-gram of the context keep no positive gravity; 0 = off
     gravity_ngram: int = 0
+    # a token whose embedding cosine with a context token is >= this keeps no positive gravity
+    gravity_copy_cos: float = 0.0
     # gravity_kind="contrast": the short context is the last k tokens
     gravity_contrast_k: int = 8
     # free-energy criterion: keep w iff U(w) - U_min <= kappa * T * H
@@ -242,6 +244,8 @@ class PruneParams:
             bad("gravity_skip_template", "must be a bool")
         if self.gravity_ngram < 0:
             bad("gravity_ngram", "must be >= 0 (0 means off)")
+        if not 0.0 <= self.gravity_copy_cos <= 1.0:
+            bad("gravity_copy_cos", "must be in [0, 1] (0 means off)")
         if self.gravity_contrast_k < 1:
             bad("gravity_contrast_k", "must be >= 1")
         if not isinstance(self.free_energy, bool):

@@ -108,7 +108,7 @@ def recompute_gravity(
         cand = rec.cand_ids.long()
         g = z[index[cp.pull.numpy().tobytes()]][cand]  # (K,)
         ids = grav.trace_context(trace, i).ids
-        out.append(grav.finish_gravity(g, params, ids, cand, normalize=False))
+        out.append(grav.finish_gravity(model, g, params, ids, cand, normalize=False))
     return out
 
 
@@ -118,7 +118,7 @@ def _contrast_on_record(model, trace: Trace, params: PruneParams, i: int) -> tor
     short = grav.short_window_logits(model, ids[-params.gravity_contrast_k :])[0]  # (V,)
     cand = rec.cand_ids.long()
     g = (rec.cand_logits.float() - rec.lse) - grav.log_probs(short)[cand]  # (K,)
-    return grav.finish_gravity(g, params, ids, cand)
+    return grav.finish_gravity(model, g, params, ids, cand)
 
 
 class GravityCache:

@@ -17,7 +17,7 @@ PROMPT = "Write a story about a beekeeper who talks to her bees."
 MASSES = ("attention", "ema", "uniform", "idf", "norm", "info")
 ANCHORS = (
     {},  # the default gravity
-    {"gravity_anchor": "context"},
+    {"gravity_anchor": "context", "gravity_copy_cos": 0.3, "gravity_ngram": 2},
     {"gravity_anchor": "window", "gravity_window": 6},
     gv.FIRST_GRAVITY,
 )

@@ -132,6 +132,25 @@ def test_guard_stops_the_pull_towards_a_loop(tiny_lm):
     assert torch.equal(g[keep], free[keep])
 
 
+def test_copy_guard_drops_near_copies_of_context_tokens(tiny_lm):
+    model = tiny_lm.model
+    unit = gv.candidate_matrix(model, "embedding", "cosine")
+    ids = torch.tensor([100, 200])
+    got = gv.near_copies(model, ids, 0.3)
+    want = (((unit[[100, 200]] @ unit.T) >= 0.3 - 1e-6).any(0)).nonzero()[:, 0]
+    assert torch.equal(got, want) and {100, 200} <= set(got.tolist())
+    assert gv.near_copies(model, ids, 1.0).tolist() == [100, 200]  # only the tokens themselves
+    p = PruneParams(gravity_anchor="context", gravity_skip_template=False, gravity_sinks=0,
+                    gravity_mass="uniform", gravity_copy_cos=0.3)  # fmt: skip
+    g = gv.gravity_for_step(model, p, gv.GravityContext(ids=ids))
+    free = gv.gravity_for_step(model, p.replace(gravity_copy_cos=0.0), gv.GravityContext(ids=ids))
+    hit = torch.zeros_like(g, dtype=torch.bool)
+    hit[want] = True
+    assert torch.all(g[hit] <= 0) and float(free[100]) > 0
+    assert torch.equal(g[~hit], free[~hit])
+    assert torch.equal(g[hit & (free <= 0)], free[hit & (free <= 0)])  # no reward, no penalty
+
+
 def test_contrast_is_the_log_ratio_of_full_and_short(tiny_lm):
     ids = torch.tensor(encode_prompt(tiny_lm, PROMPT, chat=True))
     model = tiny_lm.model
