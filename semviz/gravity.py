@@ -75,6 +75,8 @@ GRAVITY_FIELDS = (
     "gravity_skip_template",
     "gravity_ngram",
     "gravity_copy_cos",
+    "gravity_attract_only",
+    "gravity_floor",
     "gravity_contrast_k",
 )
 
@@ -87,6 +89,7 @@ FIRST_GRAVITY = {
     "gravity_skip_template": False,
     "gravity_ngram": 0,
     "gravity_copy_cos": 0.0,
+    "gravity_attract_only": False,
     "gravity_space": "embedding",
     "gravity_sim": "cosine",
 }
@@ -794,11 +797,17 @@ def finish_gravity(
 ) -> Tensor:
     """The step's ``G`` from its raw values: z-scored (kind ``pull``), then the copy guards.
 
+    With ``gravity_attract_only`` a pull is ``max(z - gravity_floor, 0)``: only the tokens
+    well above the vocabulary's mean are pulled, and nothing is pushed (the signed z-score
+    pushes function words away from a content-word topic, and the text loses its grammar).
+
     A token that would repeat an n-gram of the context (``gravity_ngram``) or that is a near
     copy of a context token (``gravity_copy_cos``, :func:`near_copies`) keeps no positive
     gravity. ``index`` (K,): the token ids ``raw`` is over (default the vocabulary).
     """
     g = normalize_gravity(raw) if normalize and params.gravity_kind == "pull" else raw.float()
+    if params.gravity_kind == "pull" and params.gravity_attract_only:
+        g = (g - params.gravity_floor).clamp_min(0.0)  # pull the topic, push nothing away
     g = ngram_guard(g, ids, params.gravity_ngram, index)
     if params.gravity_copy_cos > 0:
         banned = near_copies(model, ids, params.gravity_copy_cos)

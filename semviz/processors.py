@@ -537,6 +537,8 @@ _GRAVITY_ARGS = {
     "skip_template": "gravity_skip_template",
     "ngram": "gravity_ngram",
     "copy_cos": "gravity_copy_cos",
+    "attract_only": "gravity_attract_only",
+    "floor": "gravity_floor",
     "contrast_k": "gravity_contrast_k",
 }
 
@@ -632,6 +634,8 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
         skip_template: bool | None = None,
         ngram: int | None = None,
         copy_cos: float | None = None,
+        attract_only: bool | None = None,
+        floor: float | None = None,
         contrast_k: int | None = None,
         attention_sink=None,
         hidden_sink: HiddenSink | None = None,
@@ -652,7 +656,8 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
             layers=tuple(layers) if layers is not None else None,
             heads=tuple(heads) if heads is not None else None,
             ema_decay=ema_decay, anchor=anchor, window=window, sinks=sinks,
-            skip_template=skip_template, ngram=ngram, copy_cos=copy_cos, contrast_k=contrast_k,
+            skip_template=skip_template, ngram=ngram, copy_cos=copy_cos,
+            attract_only=attract_only, floor=floor, contrast_k=contrast_k,
         )  # fmt: skip
         kw = {_GRAVITY_ARGS[k]: v for k, v in given.items() if v is not None}
         self.params = _params(

@@ -145,6 +145,10 @@ class PruneParams:
     gravity_ngram: int = 0
     # a token whose embedding cosine with a context token is >= this keeps no positive gravity
     gravity_copy_cos: float = 0.0
+    # pull only attracts: G = max(z - gravity_floor, 0), nothing is pushed away
+    gravity_attract_only: bool = False
+    # with gravity_attract_only, the z-score above which a token is pulled
+    gravity_floor: float = 1.0
     # gravity_kind="contrast": the short context is the last k tokens
     gravity_contrast_k: int = 8
     # free-energy criterion: keep w iff U(w) - U_min <= kappa * T * H
@@ -244,6 +248,10 @@ class PruneParams:
             bad("gravity_skip_template", "must be a bool")
         if self.gravity_ngram < 0:
             bad("gravity_ngram", "must be >= 0 (0 means off)")
+        if not isinstance(self.gravity_attract_only, bool):
+            bad("gravity_attract_only", "must be a bool")
+        if self.gravity_floor < 0:
+            bad("gravity_floor", "must be >= 0 (a z-score)")
         if not 0.0 <= self.gravity_copy_cos <= 1.0:
             bad("gravity_copy_cos", "must be in [0, 1] (0 means off)")
         if self.gravity_contrast_k < 1:
