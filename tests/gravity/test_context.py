@@ -151,6 +151,20 @@ def test_copy_guard_drops_near_copies_of_context_tokens(tiny_lm):
     assert torch.equal(g[hit & (free <= 0)], free[hit & (free <= 0)])  # no reward, no penalty
 
 
+def test_attract_only_pulls_above_the_floor_and_pushes_nothing(tiny_lm):
+    ids = torch.tensor([100, 200, 300])
+    p = PruneParams(gravity_anchor="context", gravity_skip_template=False, gravity_sinks=0,
+                    gravity_mass="uniform", gravity_ngram=0)  # fmt: skip
+    signed = gv.gravity_for_step(tiny_lm.model, p, gv.GravityContext(ids=ids))
+    att = gv.gravity_for_step(
+        tiny_lm.model,
+        p.replace(gravity_attract_only=True, gravity_floor=1.5),
+        gv.GravityContext(ids=ids),
+    )
+    assert torch.equal(att, (signed - 1.5).clamp_min(0.0))
+    assert float(att.min()) == 0.0 and float((att > 0).float().mean()) < 0.2
+
+
 def test_contrast_is_the_log_ratio_of_full_and_short(tiny_lm):
     ids = torch.tensor(encode_prompt(tiny_lm, PROMPT, chat=True))
     model = tiny_lm.model
