@@ -14,6 +14,7 @@ from semviz.presets import PRESETS
 from ui import kv
 from ui.state import (
     ADAPTIVE_MODES,
+    GRAVITY_KINDS,
     GRAVITY_MODES,
     GRAVITY_SPACES,
     KEY_PREFIX,
@@ -112,6 +113,10 @@ def sidebar() -> Settings:
         st.slider(
             "Gravity λ", -2.0, 3.0, step=0.05, key=K + "gravity_lambda",
             help="s = log P + λ·G, G z-scored over the vocabulary; 0 = off",
+        )  # fmt: skip
+        st.selectbox(
+            "Kind", GRAVITY_KINDS, key=K + "gravity_kind",
+            help="pull: Σ m·sim towards the prompt; contrast: coherence boosting (a 2nd forward)",
         )  # fmt: skip
         c1, c2 = st.columns(2)
         c1.selectbox("Mass source", MASS_SOURCES, key=K + "gravity_mass")

@@ -21,12 +21,14 @@ from semviz.pruning import PruneParams
 KEY_PREFIX = "s_"
 
 ADAPTIVE_MODES = ("none", "target", "edt", "dynatemp", "mirostat")
-MASS_SOURCES = ("attention", "ema", "uniform", "idf", "norm")
+MASS_SOURCES = ("attention", "ema", "uniform", "idf", "norm", "info")
 SIMILARITIES = ("cosine", "dot")
-GRAVITY_SPACES = ("embedding", "hidden")
+GRAVITY_SPACES = ("embedding", "hidden", "contextual")
 GRAVITY_MODES = ("full", "rerank")
+GRAVITY_KINDS = ("pull", "contrast")
 CHOICES = {
     "adaptive": ADAPTIVE_MODES,
+    "gravity_kind": GRAVITY_KINDS,
     "gravity_mass": MASS_SOURCES,
     "gravity_sim": SIMILARITIES,
     "gravity_space": GRAVITY_SPACES,
@@ -56,10 +58,12 @@ class Settings:
     min_p: float = 0.0
     typical_p: float = 1.0
     gravity_lambda: float = 0.0
-    gravity_mass: str = "attention"
-    gravity_sim: str = "cosine"
-    gravity_space: str = "embedding"
-    gravity_mode: str = "full"
+    # the other gravity controls start at the core's recommended gravity
+    gravity_kind: str = PruneParams.gravity_kind
+    gravity_mass: str = PruneParams.gravity_mass
+    gravity_sim: str = PruneParams.gravity_sim
+    gravity_space: str = PruneParams.gravity_space
+    gravity_mode: str = PruneParams.gravity_mode
     free_energy: bool = False
     free_energy_kappa: float = 1.0
     fallback: bool = False
@@ -79,6 +83,7 @@ class Settings:
             min_p=float(self.min_p),
             typical_p=float(self.typical_p),
             gravity_lambda=float(self.gravity_lambda),
+            gravity_kind=self.gravity_kind,
             gravity_mass=self.gravity_mass,
             gravity_sim=self.gravity_sim,
             gravity_space=self.gravity_space,
