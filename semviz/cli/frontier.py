@@ -48,7 +48,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=20, help="prompts from the half (default 20)")
     p.add_argument("--seeds", type=int, default=2, help="seeds per prompt: 0..N-1 (default 2)")
     p.add_argument("--tokens", type=int, default=48, help="new tokens per row (default 48)")
-    p.add_argument("--batch", type=int, default=40, help="rows per generate() call (default 40)")
+    p.add_argument(
+        "--batch", type=int, default=None, help="rows per generate() call (default: a whole point)"
+    )
     p.add_argument("--prompt-file", default=None, help="JSONL prompt set (id, kind, split, text)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"results Parquet (default {DEFAULT_OUT})")
     p.add_argument(
