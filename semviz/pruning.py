@@ -132,17 +132,17 @@ class PruneParams:
     ema_decay: float = 0.9
     # gravity variants (see semviz.gravity); one line of help each
     # pull: G = Σ m_i·sim(w, t_i), z-scored; contrast: log P(w|C) - log P(w|last k tokens)
-    gravity_kind: Literal["pull", "contrast"] = "pull"
+    gravity_kind: Literal["pull", "contrast"] = "contrast"
     # which tokens carry mass: the user's prompt, the whole context, or the last gravity_window
-    gravity_anchor: Literal["prompt", "context", "window"] = "context"
+    gravity_anchor: Literal["prompt", "context", "window"] = "prompt"
     # positions in the recency window of gravity_anchor="window"
     gravity_window: int = 64
     # the first positions (attention sinks) get no mass
-    gravity_sinks: int = 0
+    gravity_sinks: int = 1
     # special and chat-template tokens and the system prompt get no mass
-    gravity_skip_template: bool = False
+    gravity_skip_template: bool = True
     # tokens that would repeat an n-gram of the context keep no positive gravity; 0 = off
-    gravity_ngram: int = 0
+    gravity_ngram: int = 2
     # a token whose embedding cosine with a context token is >= this keeps no positive gravity
     gravity_copy_cos: float = 0.0
     # pull only attracts: G = max(z - gravity_floor, 0), nothing is pushed away
