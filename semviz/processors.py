@@ -572,7 +572,8 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
     """Adds ``λ·G`` to ``log_softmax(scores)``: narrative gravity inside ``model.generate``.
 
     Every argument left ``None`` takes :class:`~semviz.pruning.PruneParams`' default, so
-    ``NarrativeGravityLogitsProcessor(lm, 0.5)`` is the default gravity at λ 0.5, and each
+    ``NarrativeGravityLogitsProcessor(lm, 0.5)`` is the default gravity at λ 0.5 (coherence
+    boosting; with only an ``embedding`` matrix, a pull), and each
     row's ``G`` is the one the :class:`~semviz.decoding.Decoder` computes for the same context
     (:func:`semviz.gravity.context_pull`). See :mod:`semviz.gravity` for the kinds, anchors,
     mass sources and spaces. ``from_params`` builds one from a ``PruneParams``.
@@ -649,6 +650,8 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
             model = model.model
         if model is None and embedding is None:
             raise ValueError("`model` or `embedding` is required")
+        if model is None and kind is None:
+            kind = "pull"  # a bare embedding matrix can only pull: contrast needs the LM
         if not isinstance(gravity_lambda, (int, float)) or not math.isfinite(gravity_lambda):
             raise ValueError(f"`gravity_lambda` has to be a finite float, got {gravity_lambda!r}")
         given = dict(

@@ -10,7 +10,11 @@ from semviz.pruning import PruneParams
 
 # every position may pull: the seed's plain potential, to compare with brute force
 PLAIN = dict(
-    gravity_anchor="context", gravity_sinks=0, gravity_skip_template=False, gravity_ngram=0
+    gravity_kind="pull",
+    gravity_anchor="context",
+    gravity_sinks=0,
+    gravity_skip_template=False,
+    gravity_ngram=0,
 )
 
 

@@ -15,10 +15,11 @@ from semviz.replay import recompute_gravity, replay
 
 PROMPT = "Write a story about a beekeeper who talks to her bees."
 MASSES = ("attention", "ema", "uniform", "idf", "norm", "info")
+PULL = PruneParams(temperature=1.0, gravity_lambda=1.0, gravity_kind="pull")
 ANCHORS = (
-    {},  # the default gravity
+    {},  # the default pull
     {"gravity_anchor": "context", "gravity_copy_cos": 0.3, "gravity_ngram": 2},
-    {"gravity_anchor": "window", "gravity_window": 6},
+    {"gravity_anchor": "window", "gravity_window": 12},
     gv.FIRST_GRAVITY,
 )
 
@@ -51,9 +52,7 @@ def _processor_gravity(lm, params, d):
 @pytest.mark.parametrize("anchor", range(len(ANCHORS)))
 @pytest.mark.parametrize("mass", MASSES)
 def test_decoder_processor_and_replay_agree(tiny_lm, mass, anchor):
-    p = PruneParams(temperature=1.0, gravity_lambda=1.0, **ANCHORS[anchor]).replace(
-        gravity_mass=mass
-    )
+    p = PULL.replace(**ANCHORS[anchor]).replace(gravity_mass=mass)
     d = _run(tiny_lm, p)
     live = [rec.gravity for rec in d.trace.steps]
     assert all(g is not None and g.abs().max() > 0.1 for g in live)
@@ -67,7 +66,7 @@ def test_decoder_processor_and_replay_agree(tiny_lm, mass, anchor):
 @pytest.mark.parametrize("space", ["hidden", "contextual"])
 @pytest.mark.parametrize("mass", ["ema", "idf"])
 def test_hidden_spaces_agree(tiny_lm, space, mass):
-    p = PruneParams(temperature=1.0, gravity_lambda=1.0, gravity_space=space, gravity_mass=mass)
+    p = PULL.replace(gravity_space=space, gravity_mass=mass)
     d = _run(tiny_lm, p, n=4)
     replayed = recompute_gravity(tiny_lm.model, d.trace, p, hidden=d.hidden)
     processed = _processor_gravity(tiny_lm, p, d)
@@ -78,9 +77,7 @@ def test_hidden_spaces_agree(tiny_lm, space, mass):
 
 def test_ema_after_eviction_agrees_with_replay(tiny_lm):
     """The EMA is kept by absolute position, so replay of an evicting run reproduces it."""
-    p = PruneParams(
-        temperature=1.0, gravity_lambda=1.0, gravity_mass="ema", gravity_anchor="context"
-    )
+    p = PULL.replace(gravity_mass="ema", gravity_anchor="context")
     d = _run(tiny_lm, p, n=8, eviction=ev.make_policy("h2o", budget=40))
     assert d.trace.steps[-1].cache_len < len(d.ids) - 1  # something was evicted
     replayed = recompute_gravity(tiny_lm.model, d.trace, p, hidden=d.hidden)
@@ -90,7 +87,7 @@ def test_ema_after_eviction_agrees_with_replay(tiny_lm):
 
 def test_replay_at_the_recorded_settings_reuses_the_record(tiny_lm):
     # rerank: replay is exact (full-vocabulary gravity can move mass outside the record)
-    p = PruneParams(temperature=1.0, gravity_lambda=1.0, gravity_mass="ema", gravity_mode="rerank")
+    p = PULL.replace(gravity_mass="ema", gravity_mode="rerank")
     d = _run(tiny_lm, p)
     w = replay(d.trace, p, model=tiny_lm.model)
     assert w.token_ids == d.trace.token_ids and w.first_diff is None
@@ -103,9 +100,7 @@ def test_replay_at_the_recorded_settings_reuses_the_record(tiny_lm):
 
 
 def test_contrast_agrees_live_and_in_replay(tiny_lm):
-    p = PruneParams(
-        temperature=1.0, gravity_lambda=0.5, gravity_kind="contrast", gravity_contrast_k=5
-    )
+    p = PruneParams(temperature=1.0, gravity_lambda=0.5, gravity_contrast_k=5)  # the default
     d = _run(tiny_lm, p, n=4)
     replayed = recompute_gravity(tiny_lm.model, d.trace, p)
     for rec, g in zip(d.trace.steps, replayed, strict=True):
@@ -122,9 +117,7 @@ def test_contrast_agrees_live_and_in_replay(tiny_lm):
 
 
 def test_gravity_terms_sum_to_the_raw_potential(tiny_lm):
-    p = PruneParams(
-        temperature=1.0, gravity_lambda=1.0, gravity_mass="ema", gravity_skip_template=True
-    )
+    p = PULL.replace(gravity_mass="ema")
     d = _run(tiny_lm, p, n=4)
     i, tok = 3, d.trace.steps[3].token_id
     pos, terms = gv.gravity_terms(tiny_lm.model, d.trace, i, tok, p, hidden=d.hidden)

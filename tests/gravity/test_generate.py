@@ -49,17 +49,21 @@ def _generate(lm, params):
 
 
 @pytest.mark.parametrize(
-    "mass, space, tol",
+    "kind, mass, space, tol",
     [
-        ("idf", "embedding", 1e-6),  # nothing from the forward: exact
-        ("uniform", "embedding", 1e-6),
-        ("attention", "embedding", 1e-3),  # padded batch attention: float noise only
-        ("ema", "embedding", 1e-3),
-        ("idf", "hidden", 1e-3),
+        ("pull", "idf", "embedding", 1e-6),  # nothing from the forward: exact
+        ("pull", "uniform", "embedding", 1e-6),
+        ("pull", "attention", "embedding", 1e-3),  # padded batch attention: float noise only
+        ("pull", "ema", "embedding", 1e-3),
+        ("pull", "idf", "hidden", 1e-3),
+        ("contrast", "info", "embedding", 1e-3),  # the default: a batched short forward
     ],
 )
-def test_each_row_equals_the_decoder(tiny_lm, mass, space, tol):
-    p = PruneParams(temperature=1.0, gravity_lambda=1.0, gravity_mass=mass, gravity_space=space)
+def test_each_row_equals_the_decoder(tiny_lm, kind, mass, space, tol):
+    p = PruneParams(
+        temperature=1.0, gravity_lambda=1.0, gravity_kind=kind, gravity_mass=mass,
+        gravity_space=space,
+    )  # fmt: skip
     new, gs = _generate(tiny_lm, p)
     assert len(gs) == STEPS
     for b, prompt in enumerate(PROMPTS):
@@ -72,7 +76,7 @@ def test_each_row_equals_the_decoder(tiny_lm, mass, space, tol):
 
 def test_a_new_generate_starts_fresh_rows(tiny_lm):
     """Row state (padding, roles, EMA) belongs to one generate call."""
-    p = PruneParams(temperature=1.0, gravity_lambda=1.0, gravity_mass="idf")
+    p = PruneParams(temperature=1.0, gravity_lambda=1.0, gravity_kind="pull", gravity_mass="idf")
     proc = sp.NarrativeGravityLogitsProcessor.from_params(tiny_lm, p)
     a = torch.tensor([encode_prompt(tiny_lm, PROMPTS[0])])
     b = torch.tensor([encode_prompt(tiny_lm, PROMPTS[1])])
