@@ -42,9 +42,10 @@ one nat"; a ``G`` with (near-)zero spread normalises to zeros.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -110,7 +111,7 @@ __all__ = [
     "gravity_for_step",
     "gravity_potential",
     "gravity_terms",
-    "in_short_forward",
+    "in_side_forward",
     "information_mass",
     "log_probs",
     "logits_and_gravity",
@@ -404,7 +405,7 @@ def information_mass(model: torch.nn.Module) -> Tensor:
         if start is None:
             start = next(iter(_model_special_ids(model)), 0)
         dev = w.device
-        with torch.inference_mode():
+        with _side_forward(), torch.inference_mode():
             x = model.get_decoder()(input_ids=torch.tensor([[start]], device=dev)).last_hidden_state
             info = -log_probs(model.get_output_embeddings()(x[0, -1]).float()).cpu()  # (V,)
         floor = torch.quantile(info, INFO_QUANTILE)
@@ -825,12 +826,22 @@ def log_probs(logits: Tensor) -> Tensor:
     return x - torch.logsumexp(x, -1, keepdim=True)
 
 
-_SHORT = threading.local()
+_SIDE = threading.local()
 
 
-def in_short_forward() -> bool:
-    """True while :func:`short_window_logits` runs (hidden-state hooks skip that forward)."""
-    return bool(getattr(_SHORT, "active", False))
+def in_side_forward() -> bool:
+    """True while gravity runs the model for itself (the short window, the info prior), so
+    hooks that collect the sequence's hidden states skip that forward."""
+    return bool(getattr(_SIDE, "active", False))
+
+
+@contextlib.contextmanager
+def _side_forward() -> Iterator[None]:
+    _SIDE.active = True
+    try:
+        yield
+    finally:
+        _SIDE.active = False
 
 
 def short_window_logits(model: torch.nn.Module, windows: Tensor) -> Tensor:
@@ -844,13 +855,9 @@ def short_window_logits(model: torch.nn.Module, windows: Tensor) -> Tensor:
     dev = next(model.parameters()).device
     w = w.to(dev)
     pos = torch.arange(w.shape[1], device=dev).expand_as(w)  # (B, k)
-    _SHORT.active = True
-    try:
-        with torch.inference_mode():
-            h = model.get_decoder()(input_ids=w, position_ids=pos, use_cache=False)
-            out = model.get_output_embeddings()(h.last_hidden_state[:, -1])  # (B, V)
-    finally:
-        _SHORT.active = False
+    with _side_forward(), torch.inference_mode():
+        h = model.get_decoder()(input_ids=w, position_ids=pos, use_cache=False)
+        out = model.get_output_embeddings()(h.last_hidden_state[:, -1])  # (B, V)
     return out.float().cpu()
 
 

@@ -38,7 +38,7 @@ from transformers import LogitsProcessor
 
 from semviz import gravity as grav
 from semviz import pruning as core
-from semviz.gravity import in_short_forward
+from semviz.gravity import in_side_forward
 from semviz.pruning import PruneParams
 
 __all__ = [
@@ -444,7 +444,7 @@ class HiddenSink:
     chunks: list[Tensor] = field(default_factory=list)
 
     def add(self, h: Tensor) -> None:
-        if in_short_forward():  # coherence boosting's own short forward is not the sequence
+        if in_side_forward():  # gravity's own forwards (short window, info prior) are not the text
             return
         self.chunks.append(h.detach().float())
         self.hidden = None

@@ -55,7 +55,7 @@ def _generate(lm, params):
         ("pull", "uniform", "embedding", 1e-6),
         ("pull", "attention", "embedding", 1e-3),  # padded batch attention: float noise only
         ("pull", "ema", "embedding", 1e-3),
-        ("pull", "idf", "hidden", 1e-3),
+        ("pull", "info", "hidden", 1e-3),  # the info prior's own forward stays out of the sink
         ("contrast", "info", "embedding", 1e-3),  # the default: a batched short forward
     ],
 )
