@@ -802,15 +802,16 @@ def finish_gravity(
     well above the vocabulary's mean are pulled, and nothing is pushed (the signed z-score
     pushes function words away from a content-word topic, and the text loses its grammar).
 
-    A token that would repeat an n-gram of the context (``gravity_ngram``) or that is a near
-    copy of a context token (``gravity_copy_cos``, :func:`near_copies`) keeps no positive
-    gravity. ``index`` (K,): the token ids ``raw`` is over (default the vocabulary).
+    A token that would repeat an n-gram of the context (``gravity_ngram``) keeps no positive
+    gravity; for a pull, neither does a near copy of a context token (``gravity_copy_cos``,
+    :func:`near_copies`). ``index`` (K,): the token ids ``raw`` is over (default the
+    vocabulary).
     """
     g = normalize_gravity(raw) if normalize and params.gravity_kind == "pull" else raw.float()
     if params.gravity_kind == "pull" and params.gravity_attract_only:
         g = (g - params.gravity_floor).clamp_min(0.0)  # pull the topic, push nothing away
     g = ngram_guard(g, ids, params.gravity_ngram, index)
-    if params.gravity_copy_cos > 0:
+    if params.gravity_kind == "pull" and params.gravity_copy_cos > 0:
         banned = near_copies(model, ids, params.gravity_copy_cos)
         hit = torch.isin(torch.arange(g.shape[-1]) if index is None else index.long(), banned)
         g = torch.where(hit.to(g.device) & (g > 0), torch.zeros_like(g), g)
@@ -885,6 +886,8 @@ def gravity_for_step(
     ``context_ids`` / ``attention`` / ``hidden`` build a context with every position in the
     cache and the whole context as prompt, when ``ctx`` is not given. Kind ``contrast``
     needs the step's full ``logits`` (V,) and runs the short forward itself.
+    ``normalize=False`` returns a pull's raw potential ``Σ m_i sim(w, t_i)``: no z-score,
+    no floor, no copy guard.
     """
     if ctx is None:
         if context_ids is None:
@@ -897,7 +900,7 @@ def gravity_for_step(
         return finish_gravity(model, contrast_gravity(logits, short), params, ctx.ids)
     pull = context_pull(model, params, ctx).pull  # (d,)
     raw = project(model, pull[None], params.gravity_space, params.gravity_sim)[0]  # (V,)
-    return finish_gravity(model, raw, params, ctx.ids, normalize=normalize)
+    return finish_gravity(model, raw, params, ctx.ids) if normalize else raw
 
 
 # -- reading a recorded trace ---------------------------------------------------------------------

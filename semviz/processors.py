@@ -672,7 +672,7 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
                 f"`hidden_sink` is required for space={p.gravity_space!r} (see capture_hidden)"
             )
         needs_lm = p.gravity_space != "embedding" or p.gravity_kind == "contrast"
-        if model is None and (needs_lm or p.gravity_mass == "info"):
+        if model is None and p.gravity_lambda != 0 and (needs_lm or p.gravity_mass == "info"):
             raise ValueError(
                 "`model` is required for mass='info', the hidden spaces and kind='contrast'"
             )

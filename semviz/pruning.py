@@ -124,7 +124,7 @@ class PruneParams:
     gravity_lambda: float = 0.0
     gravity_mode: Literal["full", "rerank"] = "full"
     rerank_k: int = 64
-    gravity_mass: Literal["attention", "ema", "uniform", "idf", "norm", "info"] = "attention"
+    gravity_mass: Literal["attention", "ema", "uniform", "idf", "norm", "info"] = "info"
     gravity_sim: Literal["cosine", "dot"] = "cosine"
     gravity_space: Literal["embedding", "hidden", "contextual"] = "embedding"
     gravity_layers: tuple[int, ...] | None = None
@@ -144,9 +144,9 @@ class PruneParams:
     # tokens that would repeat an n-gram of the context keep no positive gravity; 0 = off
     gravity_ngram: int = 2
     # a token whose embedding cosine with a context token is >= this keeps no positive gravity
-    gravity_copy_cos: float = 0.0
+    gravity_copy_cos: float = 0.65
     # pull only attracts: G = max(z - gravity_floor, 0), nothing is pushed away
-    gravity_attract_only: bool = False
+    gravity_attract_only: bool = True
     # with gravity_attract_only, the z-score above which a token is pulled
     gravity_floor: float = 1.0
     # gravity_kind="contrast": the short context is the last k tokens

@@ -15,6 +15,8 @@ PLAIN = dict(
     gravity_sinks=0,
     gravity_skip_template=False,
     gravity_ngram=0,
+    gravity_copy_cos=0.0,
+    gravity_attract_only=False,
 )
 
 
