@@ -196,7 +196,7 @@ def _sweep_form() -> None:
         c2.text_input("Values", "0.7,1.0,1.3", key="fr_values")
         c3.selectbox("Prompt half", ["dev", "test"], key="fr_split",
                      help="Tune on dev; report on test.")  # fmt: skip
-        c1.number_input("Prompts", 1, 24, 8, key="fr_n")
+        c1.number_input("Prompts", 1, 24, 12, key="fr_n")
         c2.number_input("Seeds", 1, 8, 2, key="fr_seeds")
         c3.number_input("New tokens", 4, 256, 48, key="fr_tokens")
         st.text_input("Write results to", fr.DEFAULT_OUT, key="fr_out")

@@ -5,21 +5,24 @@ setting (default the sweep's defaults and gravity at λ 0.5, the costlier chain)
 side by side in one run:
 
 - the batched point: one ``generate()`` of every row (the pruning core's share inside it),
-  then the judge embedding prompts and continuations; goal: judge ≤ 10 % of the point;
+  then the judge embedding prompts and continuations; goal: judge ≤ 10 % of the point.
+  Wall time moves with the machine's load; the process's CPU time is what one quiet core
+  would take;
 - the first ``--single`` rows again one at a time, same seeds: seconds per row against the
   batched point's, and how many rows come out token for token the same (padding changes
   the logits' rounding, which can move a pick that sits on a CDF boundary);
 - perplexity: read from the generating pass (free) against a teacher-forced forward of the
   same rows (its cost, and the largest difference between the two).
 
-    .venv/bin/python benchmarks/bench_frontier.py [--prompts 20 --seeds 2 --tokens 48]
-        [--setting "top_p=0.95,gravity_lambda=0.5"] [--single 6] [--json]
+    .venv/bin/python benchmarks/bench_frontier.py [--prompts 12 --seeds 2 --tokens 48]
+        [--setting "top_p=0.95,gravity_lambda=0.5"] [--single 4] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -27,15 +30,17 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--setting", default="top_p=0.95,gravity_lambda=0.5")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--single", type=int, default=6, help="rows rerun one at a time")
+    ap.add_argument("--single", type=int, default=4, help="rows rerun one at a time (>= 1)")
     ap.add_argument("--split", default="test", choices=["dev", "test"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.single < 1:
+        ap.error("--single must be at least 1")
     torch.set_num_threads(1)
 
     import semviz
@@ -55,7 +60,7 @@ def main() -> None:
     judge.embed(["warm up"])
     generate_batch(lm, ids[:2], seeds[:2], params, max_new_tokens=2)  # warm up
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     batch = generate_batch(lm, ids, seeds, params, max_new_tokens=args.tokens)
     t_gen = time.perf_counter() - t0
     texts = [lm.tokenizer.decode(c, skip_special_tokens=True) for c in batch.ids]
@@ -63,6 +68,7 @@ def main() -> None:
     judge.embed([p.text for p in prompts])
     judge.embed(texts)
     t_judge = time.perf_counter() - t0
+    cpu = time.process_time() - c0  # this process's own CPU time: what a quiet core would take
     t0 = time.perf_counter()
     tf = continuation_nll(lm, ids, batch.ids)
     t_tf = time.perf_counter() - t0
@@ -89,6 +95,8 @@ def main() -> None:
         "rows_per_point": len(rows),
         "new_tokens": args.tokens,
         "point_seconds": point,
+        "point_cpu_seconds": cpu,
+        "load_average_1min": os.getloadavg()[0],
         "generate_seconds": t_gen,
         "sampler_seconds": batch.sampler_seconds,
         "judge_seconds": t_judge,
@@ -110,7 +118,10 @@ def main() -> None:
     print(
         f"one point: {len(rows)} rows x {args.tokens} tokens, {args.setting}, T={args.temperature}"
     )
-    print(f"  point               {point:7.1f} s")
+    print(
+        f"  point               {point:7.1f} s wall, {cpu:.1f} s of CPU "
+        f"(load average {out['load_average_1min']:.1f} on {os.cpu_count()} cores)"
+    )
     print(
         f"  generate (batched)  {t_gen:7.1f} s   (pruning core and draws {batch.sampler_seconds:.1f} s)"
     )

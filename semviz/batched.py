@@ -43,6 +43,7 @@ __all__ = [
     "RawLogProb",
     "SeededSampler",
     "continuation_nll",
+    "cut_at_eos",
     "eos_ids",
     "generate_batch",
     "processor_chain",
@@ -260,6 +261,22 @@ class BatchOutput:
     stopped: bool = False  # should_stop ended it: the rows are incomplete
 
 
+def cut_at_eos(rows: Sequence[Sequence[int]], eos: Sequence[int]) -> tuple[list, list]:
+    """Each row through its first EOS (kept: the model chose it); what follows is padding.
+
+    Examples
+    --------
+    >>> cut_at_eos([[5, 2, 0, 0], [5, 6, 7, 8]], eos=[2])
+    ([[5, 2], [5, 6, 7, 8]], ['eos', 'length'])
+    """
+    ids, stops = [], []
+    for r in rows:
+        cut = next((i for i, t in enumerate(r) if t in eos), None)
+        ids.append(list(r) if cut is None else list(r[: cut + 1]))
+        stops.append("length" if cut is None else "eos")
+    return ids, stops
+
+
 def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[Tensor, Tensor]:
     n = max(len(r) for r in rows)
     ids = torch.tensor([[pad] * (n - len(r)) + list(r) for r in rows], dtype=torch.long)
@@ -333,12 +350,7 @@ def generate_batch(
             pad_token_id=pad, eos_token_id=eos, top_k=0, top_p=1.0, temperature=1.0,
         )  # fmt: skip
     seconds = time.perf_counter() - t0
-    new = out[:, ids.shape[1] :].cpu().tolist()  # (B, n_new)
-    rows, stops = [], []
-    for r in new:
-        cut = next((i for i, t in enumerate(r) if t in eos), None)
-        rows.append(r if cut is None else r[: cut + 1])
-        stops.append("length" if cut is None else "eos")
+    rows, stops = cut_at_eos(out[:, ids.shape[1] :].cpu().tolist(), eos)
     sampler = chain[-1]
     return BatchOutput(
         ids=rows, stop=stops, nll=chain[0].nll([len(r) for r in rows]), seconds=seconds, sampler_seconds=sampler.seconds,

@@ -87,6 +87,7 @@ KNOBS: dict[str, tuple[float, ...]] = {
     "min_p": (0.2, 0.1, 0.05, 0.0),
     "gravity_lambda": (0.0, 0.5, 1.0, 2.0),
 }
+KNOB_SYMBOLS = {"temperature": "T", "top_p": "top-p", "min_p": "min-p", "gravity_lambda": "λ"}
 _ALIASES = {
     "t": "temperature",
     "temp": "temperature",
@@ -180,7 +181,7 @@ class SweepConfig:
     knob: str = "temperature"
     values: tuple[float, ...] = KNOBS["temperature"]
     split: str = "test"
-    n_prompts: int = 20
+    n_prompts: int = 12  # 3 of each kind: with 2 seeds and 48 tokens, under a minute of CPU
     seeds: int = 2
     new_tokens: int = 48
     chat: bool | None = None
@@ -494,17 +495,25 @@ class Dominance:
 
     @property
     def verdict(self) -> str:
+        """One sentence: who dominates, by how much, where (the gap is B − A)."""
+        axis = X_AXES[self.x]
         if not math.isfinite(self.gap):
-            return (
-                f"{self.b} vs {self.a}: no common {X_AXES[self.x]} range, so no matched comparison"
-            )
-        where = f"over {X_AXES[self.x]} {self.x_lo:.3f}–{self.x_hi:.3f}"
-        ci = f"{self.gap:+.3f} coherence (95% CI {self.lo:+.3f} to {self.hi:+.3f}) {where}"
+            return f"{self.b} vs {self.a}: no common {axis} range, so no matched comparison"
+        where = f"at matched {axis} {self.x_lo:.3f}–{self.x_hi:.3f}"
         if self.lo > 0:
-            return f"{self.b} dominates {self.a}: {ci}"
+            return (
+                f"{self.b} dominates {self.a}: {where}, {self.b} scores {self.gap:.3f} more "
+                f"coherence (95% CI {self.lo:.3f} to {self.hi:.3f})"
+            )
         if self.hi < 0:
-            return f"{self.a} dominates {self.b}: {ci}"
-        return f"neither {self.b} nor {self.a} dominates: {ci}; the CI includes 0"
+            return (
+                f"{self.a} dominates {self.b}: {where}, {self.b} scores {-self.gap:.3f} less "
+                f"coherence (95% CI {-self.hi:.3f} to {-self.lo:.3f})"
+            )
+        return (
+            f"neither {self.b} nor {self.a} dominates: {where}, coherence {self.b} − {self.a} "
+            f"= {self.gap:+.3f} (95% CI {self.lo:+.3f} to {self.hi:+.3f}), which includes 0"
+        )
 
     def to_dict(self) -> dict:
         d = {
@@ -674,6 +683,7 @@ def frontier_figure(summary: Summary):
 
     x = summary.x
     t = summary.points
+    short = KNOB_SYMBOLS.get(summary.knob, summary.knob)  # point labels stay short
     fig = go.Figure()
     for i, (_spec, g) in enumerate(t.groupby("spec", sort=False)):
         g = g.sort_values("value")
@@ -681,7 +691,7 @@ def frontier_figure(summary: Summary):
         name = str(g["setting"].iloc[0])
         fig.add_scatter(
             x=g[x], y=g["coherence"], mode="lines+markers+text", name=name,
-            text=[f"{summary.knob}={v:g}" for v in g["value"]], textposition="top center",
+            text=[f"{short}={v:g}" for v in g["value"]], textposition="top center",
             line={"color": color}, marker={"size": 9},
             error_x={"type": "data", "symmetric": False, "array": g[x + "_hi"] - g[x],
                      "arrayminus": g[x] - g[x + "_lo"], "thickness": 1},

@@ -45,7 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--values", default=None, help="comma-separated knob values (default: depends on knob)"
     )
     p.add_argument("--split", default="test", choices=["dev", "test"], help="prompt half")
-    p.add_argument("--prompts", type=int, default=20, help="prompts from the half (default 20)")
+    p.add_argument("--prompts", type=int, default=12, help="prompts from the half (default 12)")
     p.add_argument("--seeds", type=int, default=2, help="seeds per prompt: 0..N-1 (default 2)")
     p.add_argument("--tokens", type=int, default=48, help="new tokens per row (default 48)")
     p.add_argument(

@@ -12,6 +12,7 @@ import semviz.batched
 from semviz.batched import (
     SeededSampler,
     continuation_nll,
+    cut_at_eos,
     eos_ids,
     generate_batch,
     processor_chain,
@@ -137,12 +138,16 @@ def test_stop_request_and_progress_ticks(peaked_lm):
     assert all(len(r) <= 3 for r in out.ids)
 
 
-def test_a_row_ends_at_its_first_eos(peaked_lm):
-    eos = eos_ids(peaked_lm)[0]
-    forced = PruneParams(temperature=0.0)
-    out = generate_batch(peaked_lm, _rows(peaked_lm)[:1], [0], forced, max_new_tokens=6)
-    assert out.stop == ["eos" if eos in out.ids[0] else "length"]
-    assert eos not in out.ids[0][:-1]
+def test_a_row_ends_at_its_first_eos():
+    rows = [[7, 2, 9, 2], [2, 0, 0, 0], [7, 8, 9, 10], [7, 3, 0, 0]]
+    ids, stops = cut_at_eos(rows, eos=[2, 3])
+    assert ids == [[7, 2], [2], [7, 8, 9, 10], [7, 3]]
+    assert stops == ["eos", "eos", "length", "eos"]
+
+
+def test_the_model_s_eos_ids_are_the_decoder_s(peaked_lm):
+    d = Decoder(peaked_lm, "Hi", PruneParams(), DecodeSettings(capture=False))
+    assert set(eos_ids(peaked_lm)) == d.eos_ids
 
 
 def test_padding_uses_an_id_that_no_prompt_contains(peaked_lm):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from semviz.frontier import SHIPPED
@@ -27,6 +29,13 @@ def page(tiny_dir, monkeypatch):
     return at
 
 
+def _values(v) -> list:
+    """A Plotly array from the figure JSON (plotly 6 sends numbers as base64 typed arrays)."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return list(v)
+
+
 def _figure(at) -> dict:
     charts = at.get("plotly_chart")
     assert len(charts) == 1
@@ -38,7 +47,8 @@ def test_opens_on_the_shipped_frontier(page):
     assert page.title[0].value == "Does it help?"
     fig = _figure(page)
     assert len(fig["data"]) >= 2  # one curve per setting
-    assert all(len(tr["x"]) == 3 for tr in fig["data"])  # T 0.7, 1.0, 1.3
+    assert all(len(_values(tr["x"])) == 3 for tr in fig["data"])  # T 0.7, 1.0, 1.3
+    assert all(0 < y < 1 for tr in fig["data"] for y in _values(tr["y"]))
     verdicts = [e.value for e in [*page.success, *page.info]]
     assert any(" dominates " in v or "neither" in v for v in verdicts), verdicts
     assert not page.error
@@ -56,7 +66,9 @@ def test_a_results_file_with_picked_settings_and_sample_continuations(page, tmp_
     page.text_input(key="fr_path").set_value(str(path)).run()
     assert not page.exception and not page.error
     assert [t["name"] for t in _figure(page)["data"]] == ["A", "B", "C"]
-    assert any(s.value.startswith("B dominates A: +0.100") for s in page.success)
+    assert any(
+        s.value.startswith("B dominates A:") and "0.100 more" in s.value for s in page.success
+    )
     page.multiselect(key="fr_settings").set_value(["C", "A"]).run()
     assert [t["name"] for t in _figure(page)["data"]] == ["C", "A"]
     assert any(s.value.startswith("A dominates C") for s in page.success)
