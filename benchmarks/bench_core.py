@@ -38,7 +38,7 @@ from semviz.gravity import (  # noqa: E402
     logits_and_gravity,
     normalize_gravity,
 )
-from semviz.pruning import PruneParams, SamplerState, choose, prune  # noqa: E402
+from semviz.sampling import PruneParams, SamplerState, choose, prune  # noqa: E402
 
 
 def interleaved(fns: dict, repeats: int, ratios: dict, warmup: int = 3, extra=None):

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import semviz  # noqa: E402
 from semviz.decoding import Decoder, DecodeSettings  # noqa: E402
 from semviz.gravity import FIRST_GRAVITY  # noqa: E402
-from semviz.pruning import PruneParams  # noqa: E402
+from semviz.sampling import PruneParams  # noqa: E402
 
 PROMPT = "Write a short story about a beekeeper who talks to her bees."
 

@@ -16,8 +16,8 @@ import time
 
 from semviz import load_model
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
 from semviz.replay import replay
+from semviz.sampling import PruneParams
 
 
 def main() -> None:

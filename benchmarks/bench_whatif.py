@@ -19,8 +19,8 @@ import time
 import semviz
 from semviz import charts
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
 from semviz.replay import replay
+from semviz.sampling import PruneParams
 
 
 def render(lm, trace, params: PruneParams) -> dict:

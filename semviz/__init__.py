@@ -1,6 +1,53 @@
-"""semviz: watch, and steer, a real language model choosing its next token."""
+"""semviz: watch, and steer, a real language model choosing its next token.
+
+The public API lives here, whatever module it comes from::
+
+    from semviz import load_model, Decoder, DecodeSettings, PruneParams, Trace
+
+Names other than the model loader are imported on first use, so ``import semviz`` (and the
+CLI's ``--help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from semviz.model import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
 
-__all__ = ["DEFAULT_MODEL", "LoadedModel", "ModelLoadError", "load_model"]
+if TYPE_CHECKING:
+    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.sampling import PruneParams
+    from semviz.trace import Trace
+
+# public name -> the module that defines it
+_LAZY = {
+    "Decoder": "semviz.decoding",
+    "DecodeSettings": "semviz.decoding",
+    "PruneParams": "semviz.sampling",
+    "Trace": "semviz.trace",
+}
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DecodeSettings",
+    "Decoder",
+    "LoadedModel",
+    "ModelLoadError",
+    "PruneParams",
+    "Trace",
+    "load_model",
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'semviz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

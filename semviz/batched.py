@@ -3,8 +3,8 @@
 Many prompts and seeds run as the rows of one batch. HF samples with the process-wide RNG,
 so the rows of a batch would share one random stream and a row's tokens would depend on
 its neighbours. :class:`SeededSampler` fixes that: it is the last logits processor, runs
-the semviz pruning core on each row (:func:`~semviz.pruning.prune`), draws one uniform from
-that row's own ``torch.Generator`` and picks by inverse CDF (:func:`~semviz.pruning.choose`),
+the semviz pruning core on each row (:func:`~semviz.sampling.prune`), draws one uniform from
+that row's own ``torch.Generator`` and picks by inverse CDF (:func:`~semviz.sampling.choose`),
 then returns a one-hot score row (0 at the pick, ``-inf`` elsewhere). ``do_sample=True``
 can only take that token. A row's tokens therefore depend on its context and seed alone:
 batched and one-at-a-time runs agree except where padding changes the logits' rounding
@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
-from semviz.pruning import PruneParams, SamplerState, choose, prune
+from semviz.sampling import PruneParams, SamplerState, choose, prune
 
 __all__ = [
     "BatchOutput",

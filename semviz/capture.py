@@ -38,8 +38,15 @@ class AttentionSink:
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def stacked(self) -> torch.Tensor:
-        """All layers as one (L, B, H, S) float32 tensor, layer order."""
-        return torch.stack([self.rows[i] for i in sorted(self.rows)])
+        """All layers as one (L, B, H, S) float32 tensor, layer order.
+
+        A shorter row is a sliding-window layer under transformers' own cache (in
+        ``generate``), which holds only the window's most recent keys: it is right-aligned,
+        with zeros for the positions before its window.
+        """
+        rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, S_l)
+        s = max(r.shape[-1] for r in rows)
+        return torch.stack([torch.nn.functional.pad(r, (s - r.shape[-1], 0)) for r in rows])
 
 
 def last_query_attention(

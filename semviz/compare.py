@@ -1,6 +1,6 @@
 """A/B comparison: two (or more) settings on the same prompt and seed, one step axis.
 
-Each side is a :class:`Side`: a label and a :class:`~semviz.pruning.PruneParams`. Sides are
+Each side is a :class:`Side`: a label and a :class:`~semviz.sampling.PruneParams`. Sides are
 written as short specs so the CLI, the app and the docs share one syntax::
 
     "story"                          a preset (code, story, qa, brainstorm)
@@ -28,17 +28,16 @@ Examples
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import html
 import math
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from semviz.metrics import METRIC_INFO, RunMetrics, run_metrics
 from semviz.presets import PRESETS
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams, parse_field
+from semviz.style import SIDES, WHATIF, rgba
 from semviz.trace import StepRecord, Trace
 
 __all__ = [
@@ -69,29 +68,6 @@ class Side:
         return {k: v for k, v in self.params.to_dict().items() if base[k] != v}
 
 
-def _parse_value(name: str, raw: str):
-    hints = typing.get_type_hints(PruneParams)
-    hint = hints[name]
-    raw = raw.strip()
-    if hint is bool:
-        low = raw.lower()
-        if low in ("1", "on", "true", "yes"):
-            return True
-        if low in ("0", "off", "false", "no"):
-            return False
-        raise ValueError(f"{name}: expected on or off, got {raw!r}")
-    if hint is int:
-        return int(raw)
-    if hint is float:
-        return float(raw)
-    if typing.get_origin(hint) is typing.Literal:
-        return raw
-    # tuple[int, ...] | None
-    if raw.lower() in ("", "all", "none"):
-        return None
-    return tuple(int(x) for x in raw.replace(" ", "/").split("/") if x)
-
-
 def parse_side(spec: str, label: str | None = None) -> Side:
     """A :class:`Side` from a spec (see the module docstring); ``ValueError`` names the part.
 
@@ -102,7 +78,6 @@ def parse_side(spec: str, label: str | None = None) -> Side:
     """
     if spec is None or not spec.strip():
         raise ValueError("a side is empty: give a preset name or key=value settings")
-    names = {f.name for f in dataclasses.fields(PruneParams)}
     params = PruneParams()
     changes: dict = {}
     for i, part in enumerate(p.strip() for p in spec.split(",")):
@@ -127,14 +102,7 @@ def parse_side(spec: str, label: str | None = None) -> Side:
                 raise ValueError(f"preset={raw!r}: give a known preset as the first part")
             params = PRESETS[raw].params
             continue
-        if key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ValueError(f"{key!r} is not a pruning setting{hint}")
-        try:
-            changes[key] = _parse_value(key, raw)
-        except ValueError as exc:
-            raise ValueError(f"{key}={raw!r}: {exc}") from None
+        changes[key], _ = parse_field(key, raw)  # ValueError names the key, with a hint
     params = params.replace(**changes) if changes else params  # validates, naming the field
     return Side(label=label or spec.strip(), params=params)
 
@@ -153,8 +121,11 @@ def text_diff(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, str, str]]:
     return [(op, "".join(a[i1:i2]), "".join(b[j1:j2])) for op, i1, i2, j1, j2 in sm.get_opcodes()]
 
 
+DIFF_BG = (rgba(SIDES[0], 0.28), rgba(SIDES[1], 0.28))  # A's and B's changed runs
+
+
 def diff_html(a: Sequence[str], b: Sequence[str]) -> tuple[str, str]:
-    """Both texts as HTML with the differing runs highlighted (red in A, green in B)."""
+    """Both texts as HTML with the differing runs tinted in their side's colour."""
     left, right = [], []
     for op, x, y in text_diff(a, b):
         ex, ey = html.escape(x), html.escape(y)
@@ -163,9 +134,9 @@ def diff_html(a: Sequence[str], b: Sequence[str]) -> tuple[str, str]:
             right.append(ey)
         else:
             if x:
-                left.append(f'<span style="background:#fdd">{ex}</span>')
+                left.append(f'<span style="background:{DIFF_BG[0]}">{ex}</span>')
             if y:
-                right.append(f'<span style="background:#dfd">{ey}</span>')
+                right.append(f'<span style="background:{DIFF_BG[1]}">{ey}</span>')
     style = "font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word"
     return (f'<div style="{style}">{"".join(p)}</div>' for p in (left, right))  # type: ignore[return-value]
 
@@ -340,7 +311,7 @@ def mean_rows(per_prompt: Sequence[Sequence[RunMetrics]], labels: Sequence[str])
 
 # -- figure ---------------------------------------------------------------------------------
 
-SIDE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+SIDE_COLORS = SIDES  # one colour per side, in the line and in its text
 
 
 def comparison_figure(cmp: Comparison):
@@ -370,16 +341,16 @@ def comparison_figure(cmp: Comparison):
     fd = cmp.first_divergence() if len(cmp.traces) >= 2 else None
     if fd is not None:
         for r in (1, 2):
-            fig.add_vline(x=fd, line={"color": "#ff7f0e", "width": 2}, row=r, col=1)
+            fig.add_vline(x=fd, line={"color": WHATIF, "width": 2}, row=r, col=1)
         fig.add_annotation(
             x=fd, y=1.0, xref="x", yref="paper", text=f"first divergence: step {fd}",
-            showarrow=False, xanchor="left", yanchor="bottom", font={"color": "#ff7f0e"},
+            showarrow=False, xanchor="left", yanchor="bottom", font={"color": WHATIF},
         )  # fmt: skip
     if any(s.n_kept > 50 for tr in cmp.traces for s in tr.steps):
         fig.update_yaxes(type="log", row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)
     fig.update_layout(
-        template="plotly_white", height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.15, "x": 0.0},
     )  # fmt: skip
     return fig

@@ -5,7 +5,7 @@ shared and never modified beyond selecting the capturing sdpa implementation (wh
 sdpa unless a per-call sink is passed), so decoders over one model can interleave freely.
 
 Sampling draws exactly one uniform number per step from the decoder's generator and hands it
-to the pruning core (``pruning.choose``). The draw is recorded, so a replay with other settings
+to the pruning core (``sampling.choose``). The draw is recorded, so a replay with other settings
 uses the same randomness (common random numbers) and differences come from the settings alone.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from semviz import gravity, pruning
+from semviz import gravity, sampling
 from semviz.capture import AttentionSink, enable_capture
 from semviz.model import LoadedModel
 from semviz.trace import StepRecord, Trace
@@ -106,7 +106,7 @@ class _Forward:
 class _Snapshot:
     """Per-step state needed to rewind without re-running the model."""
 
-    sampler: pruning.SamplerState
+    sampler: sampling.SamplerState
     ema: torch.Tensor | None
     n_positions: int = 0
     extra: dict = field(default_factory=dict)
@@ -119,7 +119,7 @@ class Decoder:
     ----------
     lm : a ``LoadedModel`` from ``semviz.load_model``
     prompt : the user's text
-    params : pruning parameters (``pruning.PruneParams``), default plain sampling at T=1
+    params : pruning parameters (``sampling.PruneParams``), default plain sampling at T=1
     settings : seed, stop conditions, chat template, capture
     eviction : optional KV-cache policy (``semviz.eviction``) applied after every forward
 
@@ -134,17 +134,18 @@ class Decoder:
         self,
         lm: LoadedModel,
         prompt: str,
-        params: pruning.PruneParams | None = None,
+        params: sampling.PruneParams | None = None,
         settings: DecodeSettings | None = None,
         *,
         eviction=None,
         prompt_ids: Sequence[int] | None = None,
     ) -> None:
         self.lm = lm
-        self.params = params or pruning.PruneParams()
+        self.params = params or sampling.PruneParams()
         self.settings = settings or DecodeSettings()
         if self.settings.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        lm.check_params(self.params)
         self.eviction = eviction
         self.prompt = prompt
         if prompt_ids is not None:
@@ -169,9 +170,9 @@ class Decoder:
     # -- state ---------------------------------------------------------------------------
     def _reset(self) -> None:
         cfg = self.lm.model.config
-        self.cache = DynamicCache(config=cfg)
+        self.cache = self.lm.new_cache()  # every layer keeps every entry
         self.generator = torch.Generator(device="cpu").manual_seed(int(self.settings.seed))
-        self.sampler = pruning.SamplerState()
+        self.sampler = sampling.SamplerState()
         self.ids: list[int] = list(self.prompt_ids)
         n = len(self.ids)
         # original positions held by each layer's cache; _forward appends, eviction removes
@@ -351,10 +352,10 @@ class Decoder:
         t0 = time.perf_counter()
         logits = fw.logits  # (V,) float32
         gravity = fw.gravity
-        result = pruning.prune(logits, self.params, gravity=gravity, state=self.sampler)
+        result = sampling.prune(logits, self.params, gravity=gravity, state=self.sampler)
         u = float(torch.rand((), generator=self.generator))
         if force_token is None:
-            token = pruning.choose(result, u, state=self.sampler)
+            token = sampling.choose(result, u, state=self.sampler)
         else:
             token = int(force_token)
             self.sampler.observe(result, token)
@@ -406,7 +407,7 @@ class Decoder:
         self,
         fw: _Forward,
         logits: torch.Tensor,
-        result: pruning.PruneResult,
+        result: sampling.PruneResult,
         gravity: torch.Tensor | None,
         token: int,
         u: float,
@@ -485,7 +486,7 @@ class Decoder:
         return out
 
     # -- rewind ----------------------------------------------------------------------------
-    def rewind(self, k: int, params: pruning.PruneParams | None = None) -> None:
+    def rewind(self, k: int, params: sampling.PruneParams | None = None) -> None:
         """Keep the first ``k`` steps and continue from there, optionally with new params.
 
         Without eviction the cache is cropped in place. With eviction the kept steps are
@@ -493,6 +494,7 @@ class Decoder:
         """
         k = max(0, min(int(k), self.n_steps))
         if params is not None:
+            self.lm.check_params(params)
             self.params = params
         kept = self.trace.steps[:k]
         if self.eviction is None and k > 0:

@@ -92,6 +92,7 @@ from semviz.gravity import (
     gravity_potential,
     normalize_gravity,
 )
+from semviz.model import require_full_attention, require_rope
 
 __all__ = [
     "POLICIES",
@@ -327,9 +328,18 @@ class EvictionPolicy:
         return int(r)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def check_model(self, lm: Any) -> None:
+        """Raise ``ValueError`` (one sentence naming the model) if this policy cannot run on
+        ``lm``: eviction needs every layer to see the whole cache, re-rotation needs RoPE."""
+        if self.budget is not None or self.threshold is not None:
+            require_full_attention(lm)
+        if self.rerotate:
+            require_rope(lm)
+
     def reset(self, session: Any) -> None:
         """Forget all state; called when a session (re)starts its prefill."""
         n_layers = int(session.lm.model.config.num_hidden_layers)
+        self.check_model(session.lm)
         for name in ("budget", "threshold"):
             v = getattr(self, name)
             if isinstance(v, tuple) and len(v) != n_layers:
@@ -822,8 +832,6 @@ def teacher_force(lm, ids: Sequence[int], policy: EvictionPolicy | None, *, pref
     policy's timeline record (None without a policy) and ``seconds`` the forward plus eviction
     time. The cache's bytes at their peak (before eviction) are in ``event["peak_bytes"]``.
     """
-    from transformers import DynamicCache
-
     from semviz.capture import AttentionSink, enable_capture
     from semviz.decoding import cache_nbytes
 
@@ -835,7 +843,7 @@ def teacher_force(lm, ids: Sequence[int], policy: EvictionPolicy | None, *, pref
     prefill = max(1, min(int(prefill), len(ids)))
     session = CacheSession(
         lm=lm,
-        cache=DynamicCache(config=model.config),
+        cache=lm.new_cache(),
         positions=[torch.zeros(0, dtype=torch.long) for _ in range(model.config.num_hidden_layers)],
         ids=[],
     )
@@ -942,6 +950,8 @@ def kv_eval(
             runs.append((p, b, _as_policy(p, b, kw)))
     fixed = [p for p in policies if isinstance(p, EvictionPolicy)]
     runs += [(p.name, p.budget, p) for p in fixed]
+    for _, _, policy in runs:  # refuse before the reference pass, not after it
+        policy.check_model(lm)
     want_full = any(not isinstance(p, EvictionPolicy) and p == "full" for p in policies)
     n_fwd = len(ids) - max(1, min(prefill, len(ids))) + 1
     total = n_fwd * (1 + len(runs))

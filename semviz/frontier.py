@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from semviz import style
 from semviz.compare import Side
 from semviz.metrics import REPETITION_N, word_metrics
 
@@ -674,9 +675,6 @@ def dominance(
 # -- figure ---------------------------------------------------------------------------------
 
 
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-
-
 def frontier_figure(summary: Summary):
     """Coherence against diversity, one curve per setting, 95 % CI bars, knob values as labels."""
     import plotly.graph_objects as go
@@ -687,7 +685,7 @@ def frontier_figure(summary: Summary):
     fig = go.Figure()
     for i, (_spec, g) in enumerate(t.groupby("spec", sort=False)):
         g = g.sort_values("value")
-        color = COLORS[i % len(COLORS)]
+        color = style.side_color(i)
         name = str(g["setting"].iloc[0])
         fig.add_scatter(
             x=g[x], y=g["coherence"], mode="lines+markers+text", name=name,

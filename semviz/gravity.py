@@ -665,7 +665,7 @@ def context_pull(model: torch.nn.Module, params: Any, ctx: GravityContext) -> Co
     Parameters
     ----------
     model : the LM (for the embedding space, any module with ``get_input_embeddings()``).
-    params : a :class:`~semviz.pruning.PruneParams` (its gravity fields are read).
+    params : a :class:`~semviz.sampling.PruneParams` (its gravity fields are read).
     ctx : the step's :class:`GravityContext`.
 
     Attention is rounded to float16 before it becomes mass, the precision a trace records

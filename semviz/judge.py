@@ -10,7 +10,7 @@ trained: mean over the attention mask, then L2-normalised, so a dot product is a
 Examples
 --------
 >>> j = load_judge()  # doctest: +SKIP
->>> e = j.embed(["A cat sat on the mat.", "A kitten sat on the rug.", "Stock prices fell."])
+>>> e = j.embed(["A cat sat on the mat.", "A kitten sat on the rug.", "Stock prices fell."])  # doctest: +SKIP
 >>> float(e[0] @ e[1]) > float(e[0] @ e[2])  # doctest: +SKIP
 True
 """

@@ -68,12 +68,30 @@ class LoadedModel:
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
 
+    def new_cache(self):
+        """A fresh KV cache for one session (see :func:`new_cache`)."""
+        return new_cache(self.model)
+
     @property
     def is_chat(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    def check_params(self, params) -> None:
+        """Raise ``ValueError`` naming the field if ``params`` index layers or heads this model
+        does not have (``gravity_layers``, ``gravity_heads``)."""
+        from semviz.sampling import check_model_shape
+
+        c = self.model.config
+        check_model_shape(params, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads)
+
     def summary(self) -> dict:
-        """Config facts that traces and the pipeline page show."""
+        """Config facts that traces and the pipeline page show.
+
+        Read through the standard config names, which every family maps to its own (GPT-2's
+        ``n_layer``, ``n_head``, ``n_embd``, ``n_positions``); a config without
+        ``num_key_value_heads`` has one KV head per query head, and one without ``head_dim``
+        splits the hidden size evenly.
+        """
         c = self.model.config
         n_heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
@@ -83,7 +101,9 @@ class LoadedModel:
             "architecture": type(self.model).__name__,
             "num_layers": c.num_hidden_layers,
             "num_heads": n_heads,
-            "num_kv_heads": getattr(c, "num_key_value_heads", n_heads),
+            "num_kv_heads": getattr(c, "num_key_value_heads", None) or n_heads,
+            "rope": uses_rope(self.model),
+            "sliding_window": sliding_window(self.model),
             "head_dim": head_dim,
             "hidden_size": c.hidden_size,
             "vocab_size": c.vocab_size,
@@ -91,6 +111,116 @@ class LoadedModel:
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
         }
+
+
+def uses_rope(model: torch.nn.Module) -> bool:
+    """True when ``model`` puts positions into its keys with rotary embeddings (RoPE).
+
+    Llama, Qwen2, Gemma and most current decoders do (a ``rotary_emb`` on the base model).
+    GPT-2 does not: its learned absolute positions are added to the input, so a cached key
+    carries its position from layer 0 on.
+    """
+    return getattr(model.get_decoder(), "rotary_emb", None) is not None
+
+
+def rope_inv_freq(model: torch.nn.Module) -> torch.Tensor | None:
+    """The one set of RoPE frequencies that rotates every key dimension of every layer.
+
+    ``(head_dim / 2,)`` float32 on the CPU; None without RoPE, with partial rotary (only part
+    of each key rotated) or with frequencies per layer type (Gemma 3's local and global).
+    """
+    rope = getattr(model.get_decoder(), "rotary_emb", None)
+    inv = getattr(rope, "inv_freq", None)
+    if not isinstance(inv, torch.Tensor):
+        return None
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return inv.detach().float().cpu() if 2 * inv.numel() == head_dim else None
+
+
+def require_rope(lm: LoadedModel, what: str = "Key re-rotation") -> None:
+    """Raise ``ValueError`` with one sentence naming the model unless :func:`rope_inv_freq`
+    gives its frequencies (what shifting a cached key to another position needs)."""
+    if rope_inv_freq(lm.model) is not None:
+        return
+    how = "has none" if not uses_rope(lm.model) else "uses partial or per-layer RoPE"
+    raise ValueError(
+        f"{what} needs rotary position embeddings (RoPE) with one set of frequencies over "
+        f"every key dimension, and {lm.name} ({type(lm.model).__name__}) {how}: turn it off "
+        "for this model."
+    )
+
+
+def sliding_window(model: torch.nn.Module) -> int | None:
+    """The smallest window of the model's sliding-window layers; None when there are none.
+
+    Read as transformers' cache reads the config (``layer_types``, ``sliding_window``,
+    chunked attention).
+    """
+    from transformers import DynamicCache
+
+    windows = [
+        int(lay.sliding_window)
+        for lay in DynamicCache(config=model.config).layers
+        if getattr(lay, "is_sliding", False)
+    ]
+    return min(windows) if windows else None
+
+
+def require_full_attention(lm: LoadedModel, what: str = "KV-cache eviction") -> None:
+    """Raise ``ValueError`` with one sentence naming the model when it has sliding-window
+    layers: the model finds a sliding layer's window by cache index, so once entries are
+    evicted the window would reach back past its true length."""
+    window = sliding_window(lm.model)
+    if window is None:
+        return
+    raise ValueError(
+        f"{what} needs every layer to attend to the whole cache, and {lm.name} "
+        f"({type(lm.model).__name__}) has sliding-window layers ({window} tokens) whose window "
+        "would count cache entries instead of positions once entries are evicted: use the "
+        "full cache for this model."
+    )
+
+
+def unsupported_reason(config) -> str | None:
+    """Why semviz cannot run a model with this config faithfully, as a clause for one
+    sentence; None if it can.
+
+    Soft-capping (Gemma 2: ``cap·tanh(x/cap)`` on the attention scores and on the output
+    logits) is the one known case: the sdpa kernel the attention capture runs has no
+    soft-cap, and the decoder reads its logits straight from the LM head.
+    """
+    c = config.get_text_config(decoder=True)
+    capped = [
+        name
+        for name in ("attn_logit_softcapping", "final_logit_softcapping")
+        if getattr(c, name, None) is not None
+    ]
+    if not capped:
+        return None
+    arch = (getattr(config, "architectures", None) or [config.model_type])[0]
+    return (
+        f"{arch} soft-caps its logits ({', '.join(capped)}), which semviz's attention "
+        "capture and decoder do not reproduce; choose a model without soft-capping"
+    )
+
+
+def new_cache(model: torch.nn.Module):
+    """A ``DynamicCache`` for ``model`` in which every layer keeps every entry.
+
+    transformers' cache drops a sliding-window layer's keys once they leave the window.
+    semviz keeps them, so that every layer's cache holds one entry per token read, which the
+    decoder's position bookkeeping, the attention records and eviction rely on; the model's
+    own mask still limits each sliding layer to its window, so the outputs do not change.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [
+        DynamicLayer() if getattr(lay, "is_sliding", False) else lay for lay in cache.layers
+    ]
+    return cache
 
 
 def cache_dir() -> Path:
@@ -200,14 +330,25 @@ def _convert_gguf(gguf: Path, out: Path, progress: Progress | None) -> None:
 
 
 def _load_dir(
-    path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool, **hub
+    path: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+    *,
+    label: str,
+    **hub,
 ) -> tuple[torch.nn.Module, object]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with _quiet_transformers():
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
+        why = unsupported_reason(config)
+        if why is not None:  # before reading any weights
+            raise ModelLoadError(f"Could not load model {label!r}: {why}.")
         model = AutoModelForCausalLM.from_pretrained(
             path,
+            config=config,
             dtype=dtype,
             attn_implementation=IMPL_NAME,
             trust_remote_code=trust_remote_code,
@@ -234,6 +375,45 @@ def _hub_reachable(timeout: float = 1.5) -> bool:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
+
+
+def _gguf_and_label(name: str | None) -> tuple[Path | None, str | None]:
+    """The .gguf file ``name`` means (None for a directory or hub id) and the model's label."""
+    if name is None or name.strip() in ("", "default", DEFAULT_MODEL):
+        return default_gguf_path(), DEFAULT_MODEL
+    if name.endswith(".gguf"):
+        gguf = Path(name).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"Could not load {name!r}: no such .gguf file.")
+        return gguf, gguf.stem
+    return None, name
+
+
+def _load_hub(
+    name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+) -> tuple[torch.nn.Module, object]:
+    """``name`` as a Hugging Face hub id, where the hub is reachable."""
+    if not _HUB_ID.fullmatch(name):
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
+            "a valid Hugging Face id (owner/name); leave it empty for the offline default."
+        )
+    if not _hub_reachable():
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
+            "the Hugging Face hub is not reachable from here; download it elsewhere and "
+            "pass its local directory, or leave the name empty for the offline default."
+        )
+    try:
+        return _load_dir(name, device, dtype, trust_remote_code, label=name)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # hub ids fail offline in many different ways
+        raise ModelLoadError(
+            f"Could not load model {name!r}: it is not a local directory or .gguf file, "
+            f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
+            "local model directory, a .gguf path, or no name for the offline default."
+        ) from None
 
 
 def load_model(
@@ -268,17 +448,7 @@ def load_model(
         raise ModelLoadError(f"Unknown device {device!r}: {_one_line(exc)}.") from None
     dt = parse_dtype(dtype, dev)
     converted = False
-    label = name
-    if name is None or name.strip() in ("", "default", DEFAULT_MODEL):
-        gguf, label = default_gguf_path(), DEFAULT_MODEL
-    elif name.endswith(".gguf"):
-        gguf = Path(name).expanduser()
-        if not gguf.is_file():
-            raise ModelLoadError(f"Could not load {name!r}: no such .gguf file.")
-        label = gguf.stem
-    else:
-        gguf = None
-
+    gguf, label = _gguf_and_label(name)
     try:
         if gguf is not None:
             target = _converted_path(gguf)
@@ -287,7 +457,7 @@ def load_model(
                 converted = True
             if progress:
                 progress("Loading the converted model…", 0.9)
-            model, tok = _load_dir(str(target), dev, dt, trust_remote_code)
+            model, tok = _load_dir(str(target), dev, dt, trust_remote_code, label=str(label))
             source = f"gguf:{gguf.name}"
         elif Path(name).expanduser().is_dir():
             if not (Path(name).expanduser() / "config.json").is_file():
@@ -295,28 +465,12 @@ def load_model(
                     f"Could not load {name!r}: the directory has no config.json, so it is not a "
                     "saved model; point at a folder written by save_pretrained, or a .gguf file."
                 )
-            model, tok = _load_dir(str(Path(name).expanduser()), dev, dt, trust_remote_code)
+            model, tok = _load_dir(
+                str(Path(name).expanduser()), dev, dt, trust_remote_code, label=name
+            )
             source = f"dir:{Path(name).name}"
         else:
-            if not _HUB_ID.fullmatch(name):
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory, a .gguf file or "
-                    "a valid Hugging Face id (owner/name); leave it empty for the offline default."
-                )
-            if not _hub_reachable():
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory or .gguf file, and "
-                    "the Hugging Face hub is not reachable from here; download it elsewhere and "
-                    "pass its local directory, or leave the name empty for the offline default."
-                )
-            try:
-                model, tok = _load_dir(name, dev, dt, trust_remote_code)
-            except Exception as exc:  # hub ids fail offline in many different ways
-                raise ModelLoadError(
-                    f"Could not load model {name!r}: it is not a local directory or .gguf file, "
-                    f"and loading it as a Hugging Face hub id failed ({_one_line(exc)}); pass a "
-                    "local model directory, a .gguf path, or no name for the offline default."
-                ) from None
+            model, tok = _load_hub(name, dev, dt, trust_remote_code)
             source = f"hub:{name}"
     except ModelLoadError:
         raise

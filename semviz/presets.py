@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 __all__ = ["PRESETS", "Preset", "get_preset"]
 

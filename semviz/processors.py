@@ -1,4 +1,4 @@
-"""HF ``LogitsProcessor``s on the semviz pruning core, for ``model.generate``.
+"""HF ``LogitsProcessor``s on the semviz sampling core, for ``model.generate``.
 
 Every class validates its arguments in ``__init__`` (``ValueError`` naming the argument),
 never modifies ``scores`` in place, and works on batches ``(B, V)``. The standard warpers
@@ -37,14 +37,15 @@ from torch import Tensor
 from transformers import LogitsProcessor
 
 from semviz import gravity as grav
-from semviz import pruning as core
+from semviz import sampling as core
 from semviz.gravity import in_side_forward
-from semviz.pruning import PruneParams
+from semviz.sampling import LN2, PruneParams, adaptive_temperature, get_filter, mirostat_mask
 
 __all__ = [
     "EntropyAdaptiveTemperatureLogitsWarper",
     "EpsilonLogitsWarper",
     "EtaLogitsWarper",
+    "FilterLogitsWarper",
     "FreeEnergyLogitsWarper",
     "HiddenSink",
     "MinPLogitsWarper",
@@ -87,20 +88,60 @@ def _check_unit(name: str, value: float, lo_open: bool, hi_open: bool) -> float:
     return v
 
 
-class _MaskWarper(LogitsProcessor):
-    """Base: compute a keep mask (B, V) on float32 scores, fill the rest with ``filter_value``."""
+def _params(renames: dict[str, str] | None = None, **kw) -> PruneParams:
+    """Build PruneParams, re-raising its errors with the processor's argument name.
 
-    def __init__(self, filter_value: float, min_tokens_to_keep: int, tie_rule: str) -> None:
+    ``renames`` maps a ``PruneParams`` field to the processor's own argument name.
+    """
+    try:
+        return PruneParams(**kw)
+    except ValueError as e:
+        msg = str(e)
+        for field_name, arg in (renames or {}).items():
+            msg = msg.replace(f"PruneParams.{field_name}=", f"PruneParams.{arg}=", 1)
+        raise ValueError(msg.replace("PruneParams.", "`", 1).replace("=", "`=", 1)) from None
+
+
+class FilterLogitsWarper(LogitsProcessor):
+    """Any filter of the core's registry (``semviz.sampling.FILTERS``) as a warper.
+
+    The kept set is the filter's own full-length rule on float32 scores, row by row of a
+    batch ``(B, V)``; the rest gets ``filter_value``. The standard warpers below are this
+    class bound to one filter; a filter registered later works the same way.
+
+    Examples
+    --------
+    >>> import torch
+    >>> w = FilterLogitsWarper("min_p", PruneParams(min_p=0.4))
+    >>> w(None, torch.log(torch.tensor([[0.1, 0.6, 0.3]])))
+    tensor([[   -inf, -0.5108, -1.2040]])
+    """
+
+    def __init__(
+        self, name: str, params: PruneParams | None = None, filter_value: float = -float("inf")
+    ) -> None:
+        self.filter = get_filter(name)
+        self.params = params if params is not None else PruneParams()
         self.filter_value = float(filter_value)
-        self.min_tokens_to_keep = _check_min_tokens(min_tokens_to_keep)
-        self.tie_rule = _check_tie_rule(tie_rule)
 
     def keep(self, scores: Tensor) -> Tensor:  # (B, V) float32 -> (B, V) bool
-        raise NotImplementedError
+        return self.filter.mask(scores, self.params)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         x = scores if scores.dtype == torch.float32 else scores.float()
         return scores.masked_fill(~self.keep(x), self.filter_value)  # new tensor
+
+
+class _StandardWarper(FilterLogitsWarper):
+    """A registry filter behind transformers' argument names, with their validation."""
+
+    def __init__(
+        self, name: str, filter_value: float, min_tokens_to_keep: int, tie_rule: str, **kw
+    ):
+        self.min_tokens_to_keep = _check_min_tokens(min_tokens_to_keep)
+        self.tie_rule = _check_tie_rule(tie_rule)
+        params = _params(min_tokens_to_keep=min_tokens_to_keep, tie_rule=tie_rule, **kw)
+        super().__init__(name, params, filter_value)
 
 
 class TemperatureLogitsWarper(LogitsProcessor):
@@ -129,7 +170,7 @@ class TemperatureLogitsWarper(LogitsProcessor):
         return scores / self.temperature
 
 
-class TopKLogitsWarper(_MaskWarper):
+class TopKLogitsWarper(_StandardWarper):
     """Keep the ``top_k`` highest scores (``hf``: plus ties with the k-th; ``stable``: exactly k).
 
     Examples
@@ -148,14 +189,11 @@ class TopKLogitsWarper(_MaskWarper):
     ) -> None:
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
             raise ValueError(f"`top_k` has to be a strictly positive integer, got {top_k!r}")
-        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
-        self.top_k = max(top_k, min_tokens_to_keep)
-
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.top_k_mask(scores, self.top_k, self.min_tokens_to_keep, self.tie_rule)
+        self.top_k = max(top_k, _check_min_tokens(min_tokens_to_keep))
+        super().__init__("top_k", filter_value, min_tokens_to_keep, tie_rule, top_k=self.top_k)
 
 
-class TopPLogitsWarper(_MaskWarper):
+class TopPLogitsWarper(_StandardWarper):
     """Keep the smallest most-probable set whose probability is at least ``top_p``.
 
     Examples
@@ -173,13 +211,10 @@ class TopPLogitsWarper(_MaskWarper):
         tie_rule: str = "hf",
     ) -> None:
         self.top_p = _check_unit("top_p", top_p, lo_open=True, hi_open=False)
-        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
-
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.top_p_mask(scores, self.top_p, self.min_tokens_to_keep, self.tie_rule)
+        super().__init__("top_p", filter_value, min_tokens_to_keep, tie_rule, top_p=self.top_p)
 
 
-class MinPLogitsWarper(_MaskWarper):
+class MinPLogitsWarper(_StandardWarper):
     """Keep tokens with probability at least ``min_p`` times the top token's.
 
     Examples
@@ -197,13 +232,10 @@ class MinPLogitsWarper(_MaskWarper):
         tie_rule: str = "hf",
     ) -> None:
         self.min_p = _check_unit("min_p", min_p, lo_open=False, hi_open=False)
-        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
-
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.min_p_mask(scores, self.min_p, self.min_tokens_to_keep, self.tie_rule)
+        super().__init__("min_p", filter_value, min_tokens_to_keep, tie_rule, min_p=self.min_p)
 
 
-class TypicalLogitsWarper(_MaskWarper):
+class TypicalLogitsWarper(_StandardWarper):
     """Locally typical sampling: keep the tokens whose surprise is closest to the entropy.
 
     Examples
@@ -221,13 +253,10 @@ class TypicalLogitsWarper(_MaskWarper):
         tie_rule: str = "hf",
     ) -> None:
         self.mass = _check_unit("mass", mass, lo_open=True, hi_open=True)
-        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
-
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.typical_mask(scores, self.mass, self.min_tokens_to_keep, self.tie_rule)
+        super().__init__("typical", filter_value, min_tokens_to_keep, tie_rule, typical_p=self.mass)
 
 
-class EpsilonLogitsWarper(_MaskWarper):
+class EpsilonLogitsWarper(_StandardWarper):
     """Keep tokens with probability at least ``epsilon``.
 
     Examples
@@ -245,13 +274,12 @@ class EpsilonLogitsWarper(_MaskWarper):
         tie_rule: str = "hf",
     ) -> None:
         self.epsilon = _check_unit("epsilon", epsilon, lo_open=True, hi_open=True)
-        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
+        super().__init__(
+            "epsilon", filter_value, min_tokens_to_keep, tie_rule, epsilon=self.epsilon
+        )
 
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.epsilon_mask(scores, self.epsilon, self.min_tokens_to_keep, self.tie_rule)
 
-
-class EtaLogitsWarper(_MaskWarper):
+class EtaLogitsWarper(_StandardWarper):
     """Eta sampling: keep tokens with ``p >= min(eps, sqrt(eps)·exp(-H))``.
 
     Examples
@@ -270,13 +298,10 @@ class EtaLogitsWarper(_MaskWarper):
         device: str = "cpu",
     ) -> None:
         self.epsilon = _check_unit("epsilon", epsilon, lo_open=True, hi_open=True)
-        super().__init__(filter_value, min_tokens_to_keep, tie_rule)
-
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.eta_mask(scores, self.epsilon, self.min_tokens_to_keep, self.tie_rule)
+        super().__init__("eta", filter_value, min_tokens_to_keep, tie_rule, eta=self.epsilon)
 
 
-class FreeEnergyLogitsWarper(_MaskWarper):
+class FreeEnergyLogitsWarper(_StandardWarper):
     """Free-energy criterion (seed §4.4): keep ``w`` iff ``U(w) - U_min <= kappa·T·H``.
 
     ``U = -scores`` and ``H`` is the entropy of ``softmax(scores)``, so a token survives iff
@@ -302,19 +327,11 @@ class FreeEnergyLogitsWarper(_MaskWarper):
             raise ValueError(f"`kappa` has to be a finite float >= 0, got {kappa!r}")
         if not isinstance(temperature, (int, float)) or not (temperature > 0):
             raise ValueError(f"`temperature` has to be a float > 0, got {temperature!r}")
-        super().__init__(filter_value, min_tokens_to_keep, "stable")
         self.kappa, self.temperature = float(kappa), float(temperature)
-
-    def keep(self, scores: Tensor) -> Tensor:
-        return core.free_energy_mask(scores, self.temperature, self.kappa, self.min_tokens_to_keep)
-
-
-def _params(**kw) -> PruneParams:
-    """Build PruneParams, re-raising its errors with the processor's argument name."""
-    try:
-        return PruneParams(**kw)
-    except ValueError as e:
-        raise ValueError(str(e).replace("PruneParams.", "`", 1).replace("=", "`=", 1)) from None
+        super().__init__(
+            "free_energy", filter_value, min_tokens_to_keep, "stable", free_energy=True,
+            free_energy_kappa=self.kappa, temperature=self.temperature,
+        )  # fmt: skip
 
 
 class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
@@ -338,6 +355,7 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
         self,
         mode: str = "target",
         temperature: float = 1.0,
+        *,
         target_entropy: float = 2.0,
         controller_gain: float = 0.1,
         controller_sign: int = -1,
@@ -355,6 +373,7 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
         if not temperature > 0:
             raise ValueError(f"`temperature` has to be a float > 0, got {temperature}")
         self.params = _params(
+            {"adaptive_t_min": "t_min", "adaptive_t_max": "t_max"},
             temperature=float(temperature),
             adaptive=mode,
             target_entropy=float(target_entropy),
@@ -371,7 +390,7 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         x = scores.float()
-        ts = [core.adaptive_temperature(self.params, row) for row in x]
+        ts = [adaptive_temperature(self.params, row) for row in x]
         t = torch.tensor([max(v, 1e-6) for v in ts], dtype=torch.float32)  # (B,)
         self.last_temperatures = t
         return (x / t.to(x.device)[:, None]).to(scores.dtype)
@@ -422,11 +441,11 @@ class MirostatLogitsWarper(LogitsProcessor):
             self.mu = torch.full((B,), 2.0 * self.tau)
         else:
             last = input_ids[:, -1].long().cpu()  # (B,)
-            surprise = -self._logq.gather(-1, last[:, None])[:, 0] / core.LN2  # (B,) bits
+            surprise = -self._logq.gather(-1, last[:, None])[:, 0] / LN2  # (B,) bits
             surprise = torch.nan_to_num(surprise, posinf=2.0 * self.tau)
             self.mu = self.mu - self.eta * (surprise - self.tau)
         x = scores.float()
-        keep = core.mirostat_mask(x, self.mu.to(x.device), self.min_tokens_to_keep)  # (B, V)
+        keep = mirostat_mask(x, self.mu.to(x.device), self.min_tokens_to_keep)  # (B, V)
         out = scores.masked_fill(~keep, self.filter_value)
         self._logq = torch.log_softmax(out.float(), -1).cpu()
         self._len = n
@@ -459,20 +478,14 @@ class HiddenSink:
         self.hidden, self.chunks = None, []
 
 
-def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
-    base = getattr(model, "model", None) or model.get_decoder()
-    norm = getattr(base, "norm", None)
-    if norm is None:
-        raise ValueError("capture_hidden: could not find the final norm module (model.model.norm)")
-    return norm
-
-
 @contextlib.contextmanager
 def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
     """Collect the final normed hidden states of every forward while the block runs.
 
-    A forward hook on the final norm is added on entry and removed in ``finally``; only
-    forwards run inside the block are recorded (use it around one ``generate`` call).
+    A forward hook on the base model (``model.get_decoder()``, whose output is the LM head's
+    input in every family: the final norm is its last module, whatever it is called) is added
+    on entry and removed in ``finally``; only forwards run inside the block are recorded (use
+    it around one ``generate`` call).
 
     Examples
     --------
@@ -481,7 +494,7 @@ def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
     ...     model.generate(ids, do_sample=True, logits_processor=[proc])
     """
     sink = HiddenSink()
-    handle = _final_norm(model).register_forward_hook(lambda mod, args, out: sink.add(out))
+    handle = model.get_decoder().register_forward_hook(lambda mod, args, out: sink.add(out[0]))
     try:
         yield sink
     finally:
@@ -571,7 +584,7 @@ class _Embedding(torch.nn.Module):
 class NarrativeGravityLogitsProcessor(LogitsProcessor):
     """Adds ``λ·G`` to ``log_softmax(scores)``: narrative gravity inside ``model.generate``.
 
-    Every argument left ``None`` takes :class:`~semviz.pruning.PruneParams`' default, so
+    Every argument left ``None`` takes :class:`~semviz.sampling.PruneParams`' default, so
     ``NarrativeGravityLogitsProcessor(lm, 0.5)`` is the default gravity at λ 0.5 (coherence
     boosting; with only an ``embedding`` matrix, a pull), and each
     row's ``G`` is the one the :class:`~semviz.decoding.Decoder` computes for the same context
@@ -607,9 +620,9 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
     >>> import torch
     >>> emb = torch.eye(4)  # token i points along axis i
     >>> proc = NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="uniform",
-    ...                                        anchor="context", sinks=0, ngram=0)
+    ...                                        anchor="context", sinks=0, ngram=0, copy_cos=0)
     >>> out = proc(torch.tensor([[2, 2]]), torch.zeros(1, 4))
-    >>> int(out.argmax())  # the context pulls towards token 2
+    >>> int(out.argmax())  # the context pulls towards token 2 (no copy guard: it is token 2)
     2
     """
 

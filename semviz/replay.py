@@ -16,8 +16,18 @@ recorded gravity is used and the result says so in ``note``.
 
 Examples
 --------
->>> r = replay(Trace.load("trace.json"), PruneParams(temperature=0.7))  # doctest: +SKIP
->>> r.first_diff, [res.n_kept for res in r.results][:5]  # doctest: +SKIP
+``lm`` is a loaded model (``semviz.load_model()``); a trace can also come from
+``Trace.load("trace.json")``.
+
+>>> from semviz import DecodeSettings, Decoder, PruneParams
+>>> dec = Decoder(lm, "The sea", PruneParams(), DecodeSettings(max_new_tokens=6, seed=0))
+>>> _ = dec.run(6)
+>>> same = replay(dec.trace, PruneParams())  # the recorded settings: every pick agrees
+>>> same.first_diff is None and same.token_ids == dec.trace.token_ids
+True
+>>> cut = replay(dec.trace, PruneParams(top_k=1))  # what greedy would have kept
+>>> [res.n_kept for res in cut.results]
+[1, 1, 1, 1, 1, 1]
 """
 
 from __future__ import annotations
@@ -28,8 +38,8 @@ from dataclasses import dataclass, field
 import torch
 
 from semviz import gravity as grav
-from semviz import pruning
-from semviz.pruning import PruneParams, PruneResult
+from semviz import sampling
+from semviz.sampling import PruneParams, PruneResult, check_model_shape
 from semviz.trace import Trace
 
 _GRAVITY_KEYS = grav.GRAVITY_FIELDS
@@ -161,11 +171,11 @@ def replay_steps(
     The sampler state (histories, mirostat mu) advances with the recorded token, because
     the later logits were computed after it.
     """
-    state = pruning.SamplerState()
+    state = sampling.SamplerState()
     results, chosen = [], []
     for i, rec in enumerate(trace.steps):
         g = rec.gravity if gravities is None else gravities[i]
-        res = pruning.prune(
+        res = sampling.prune(
             rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse
         )
         idx = _pick(rec, res)
@@ -202,14 +212,14 @@ def _pick(rec, res: PruneResult) -> int:
     u = min(max(rec.u, 0.0), 1.0 - 1e-12)
     tail = float(getattr(rec, "final_tail_mass", 0.0) or 0.0)
     if res.greedy or tail <= 0.0 or res.n_kept < rec.cand_ids.numel():
-        return pruning.choose(res, u, state=pruning.SamplerState())
+        return sampling.choose(res, u, state=sampling.SamplerState())
     scaled = u / (1.0 - tail)
     if scaled >= 1.0 and rec.chosen_rank >= 0:
         return rec.chosen_rank
-    return pruning.choose(res, min(scaled, 1.0 - 1e-12), state=pruning.SamplerState())
+    return sampling.choose(res, min(scaled, 1.0 - 1e-12), state=sampling.SamplerState())
 
 
-def compute(
+def replay(
     trace: Trace,
     params: PruneParams,
     *,
@@ -221,6 +231,9 @@ def compute(
     t0 = time.perf_counter()
     note = None
     gravities = None
+    if model is not None:  # recomputed gravity indexes the attention by these layers and heads
+        c = model.config
+        check_model_shape(params, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads)
     if _needs_new_gravity(trace, params):
         if model is None:
             note = (
@@ -254,7 +267,7 @@ def compute(
 
 
 def cached(store: dict, trace: Trace, params: PruneParams, **kw) -> WhatIf:
-    """``compute`` memoised in ``store`` (a session's dict) on trace identity, length, params."""
+    """:func:`replay` memoised in ``store`` (a session's dict) on trace identity, length, params."""
     key = (
         id(trace),
         len(trace.steps),
@@ -267,10 +280,7 @@ def cached(store: dict, trace: Trace, params: PruneParams, **kw) -> WhatIf:
         return hit
     if "gravity_cache" not in store:
         store["gravity_cache"] = GravityCache()
-    w = compute(trace, params, gravity_cache=store["gravity_cache"], **kw)
+    w = replay(trace, params, gravity_cache=store["gravity_cache"], **kw)
     w.key = key
     store["whatif"] = w
     return w
-
-
-replay = compute  # the public name: ``replay(trace, params, model=…)``

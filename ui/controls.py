@@ -2,7 +2,9 @@
 
 Every page draws it through ``ui.page.context``. Widgets are created with ``key`` only (never
 ``value=``); their values are also kept in one ``Settings`` at ``st.session_state["settings"]``
-and written back into the widget keys before drawing, so a page switch keeps them.
+and written back into the widget keys before drawing, so a page switch keeps them. The
+sampling widgets are drawn from the ``PruneParams`` metadata (kind, label, range, help,
+section), so a field added there with a widget shows up here by itself.
 """
 
 from __future__ import annotations
@@ -12,22 +14,13 @@ import streamlit as st
 from semviz.model import DEFAULT_MODEL
 from semviz.presets import PRESETS
 from ui import kv
-from ui.state import (
-    ADAPTIVE_MODES,
-    GRAVITY_KINDS,
-    GRAVITY_MODES,
-    GRAVITY_SPACES,
-    KEY_PREFIX,
-    MASS_SOURCES,
-    SIMILARITIES,
-    Settings,
-    default_model_name,
-)
+from ui.state import KEY_PREFIX, PARAM_FIELDS, Settings, default_model_name, spec_of
 
 K = KEY_PREFIX
 
 
 STORE = "settings"  # the last Settings, kept outside any widget
+NOTES = "settings_notes"  # what reading the link changed, shown once
 
 
 def init_state() -> Settings:
@@ -40,10 +33,12 @@ def init_state() -> Settings:
     state = st.session_state
     stored = state.get(STORE)
     if stored is None:
+        notes: list[str] = []
         try:
-            stored = Settings.from_query_params(st.query_params)
+            stored = Settings.from_query_params(st.query_params, notes)
         except Exception:  # a malformed URL must not stop the app
-            stored = Settings()
+            stored, notes = Settings(), ["The link's settings could not be read; using defaults."]
+        state[NOTES] = notes
     current = Settings.from_state(_Layered(state, stored))
     current.seed_state(state, overwrite=True)
     state[STORE] = current
@@ -79,61 +74,60 @@ def sidebar() -> Settings:
     """Draw the shared controls and return the current ``Settings``."""
     init_state()
     sb = st.sidebar
+    for note in st.session_state.pop(NOTES, None) or []:
+        sb.warning(note, icon="🔗")
     with sb.expander("Model & prompt", expanded=True):
         default = default_model_name() or DEFAULT_MODEL
+        model = spec_of("model")
         st.text_input(
-            "Model",
-            key=K + "model",
-            placeholder=f"default: {default}",
-            help="Empty for the offline default; or a local model folder, a .gguf file, "
-            "or a Hugging Face id (needs the hub).",
+            model.label, key=K + "model", placeholder=f"default: {default}", help=model.help
         )
-        st.text_area("Prompt", key=K + "prompt", height=90)
-        st.toggle(
-            "Chat template", key=K + "chat", help="Wrap the prompt in the model's chat template."
-        )
+        st.text_area(spec_of("prompt").label, key=K + "prompt", height=90)
+        st.toggle(spec_of("chat").label, key=K + "chat", help=spec_of("chat").help)
+        preset = spec_of("preset")
         st.selectbox(
-            "Scenario preset",
-            ["custom", *PRESETS],
+            preset.label,
+            preset.choices,
             key=K + "preset",
             on_change=apply_preset,
             format_func=lambda n: n if n == "custom" else f"{n} — {PRESETS[n].why[:40]}…",
-            help="Sets the sliders below to a scenario's parameters.",
+            help=preset.help,
         )
-    with sb.expander("Sampling", expanded=True):
-        st.slider("Temperature", 0.0, 2.0, step=0.05, key=K + "temperature", help="0 = greedy")
-        st.selectbox("Adaptive temperature", ADAPTIVE_MODES, key=K + "adaptive")
-        if st.session_state.get(K + "adaptive") == "target":
-            st.slider("Target entropy (nats)", 0.0, 6.0, step=0.1, key=K + "target_entropy")
-        st.slider("top-k", 0, 200, step=1, key=K + "top_k", help="0 = off")
-        st.slider("top-p", 0.01, 1.0, step=0.01, key=K + "top_p", help="1 = off")
-        st.slider("min-p", 0.0, 1.0, step=0.01, key=K + "min_p", help="0 = off")
-        st.slider("typical-p", 0.01, 1.0, step=0.01, key=K + "typical_p", help="1 = off")
-    with sb.expander("Gravity & free energy", expanded=False):
-        st.slider(
-            "Gravity λ", -2.0, 3.0, step=0.05, key=K + "gravity_lambda",
-            help="s = log P + λ·G, G z-scored over the vocabulary; 0 = off",
-        )  # fmt: skip
-        st.selectbox(
-            "Kind", GRAVITY_KINDS, key=K + "gravity_kind",
-            help="pull: Σ m·sim towards the prompt; contrast: coherence boosting (a 2nd forward)",
-        )  # fmt: skip
-        c1, c2 = st.columns(2)
-        c1.selectbox("Mass source", MASS_SOURCES, key=K + "gravity_mass")
-        c2.selectbox("Similarity", SIMILARITIES, key=K + "gravity_sim")
-        c1.selectbox("Space", GRAVITY_SPACES, key=K + "gravity_space")
-        c2.selectbox("Mode", GRAVITY_MODES, key=K + "gravity_mode")
-        st.toggle("Free-energy pruning", key=K + "free_energy")
-        if st.session_state.get(K + "free_energy"):
-            st.slider("κ (keep U − U_min ≤ κ·T·H)", 0.0, 5.0, step=0.1, key=K + "free_energy_kappa")
-        st.toggle("Safety fallback", key=K + "fallback", help="Loops or collapse → plain sampling")
+    groups = list(dict.fromkeys(spec_of(name).group for name in PARAM_FIELDS))
+    for i, group in enumerate(groups):
+        with sb.expander(group, expanded=i == 0):
+            for name in PARAM_FIELDS:
+                if spec_of(name).group == group:
+                    _param_widget(name)
     with sb.expander("KV cache & run", expanded=False):
-        st.selectbox("KV policy", kv.policy_names(), key=K + "kv_policy")
-        st.number_input("KV budget (tokens)", 8, 8192, step=8, key=K + "kv_budget")
+        st.selectbox(spec_of("kv_policy").label, kv.policy_names(), key=K + "kv_policy")
+        _number("kv_budget")
         c1, c2 = st.columns(2)
-        c1.number_input("Seed", 0, 2**31 - 1, step=1, key=K + "seed")
-        c2.number_input("Run N", 1, 2048, step=1, key=K + "run_n")
-        st.number_input("Max new tokens", 1, 8192, step=16, key=K + "max_new_tokens")
+        _number("seed", c1)
+        _number("run_n", c2)
+        _number("max_new_tokens")
     current = Settings.from_state(st.session_state)
     st.session_state[STORE] = current
     return current
+
+
+def _param_widget(name: str) -> None:
+    """The widget of one sampling field, from its metadata (hidden unless ``shown_if``)."""
+    spec = spec_of(name)
+    if spec.shown_if is not None:
+        other, value = spec.shown_if
+        if st.session_state.get(K + other) != value:
+            return
+    if spec.kind == "bool":
+        st.toggle(spec.label, key=K + name, help=spec.help)
+    elif spec.kind == "choice":
+        st.selectbox(spec.label, spec.choices, key=K + name, help=spec.help)
+    else:
+        lo, hi, step = spec.app
+        st.slider(spec.label, lo, hi, step=step, key=K + name, help=spec.help)
+
+
+def _number(name: str, where=st) -> None:
+    spec = spec_of(name)
+    lo, hi, step = spec.app
+    where.number_input(spec.label, lo, hi, step=step, key=K + name, help=spec.help)

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import streamlit as st
 
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from ui import runner, whatif
 from ui.errors import guard, message
 from ui.model import get_model

@@ -1,9 +1,15 @@
 """Every control the pages share, in one frozen dataclass, and the session's own state.
 
-``Settings`` is the single source of truth for what the sidebar shows. Widgets are keyed
-``s_<field>`` in ``st.session_state``; the sidebar is drawn by ``app.py`` on every rerun, so
-its values survive page switches. ``Settings.to_query_params`` / ``from_query_params`` give a
-shareable URL; ``Settings.prune_params`` builds the frozen core parameters.
+``Settings`` is the single source of truth for what the sidebar shows. Its run fields
+(model, prompt, seed, …) are declared here; its sampling fields are not: they are the
+``PruneParams`` fields whose metadata gives an app widget (see ``semviz.sampling.params``),
+with that metadata's range, help, label and app default. A field added there with a widget
+appears in ``Settings``, the sidebar and the URL without an edit here.
+
+Widgets are keyed ``s_<field>`` in ``st.session_state``; the sidebar is drawn by ``app.py``
+on every rerun, so its values survive page switches. ``Settings.to_query_params`` /
+``from_query_params`` give a shareable URL (out-of-range numbers are clamped to the widget's
+range, with a note); ``Settings.prune_params`` builds the frozen core parameters.
 
 ``SessionData`` holds what one browser session owns: its decoder, the selected step, play
 state, the last error and cached what-if results. The model itself is shared (see
@@ -13,28 +19,17 @@ state, the last error and cached what-if results. The model itself is shared (se
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
-from semviz.pruning import PruneParams
+from semviz.presets import PRESETS
+from semviz.sampling import SPECS, FieldSpec, PruneParams, parse_value, setting
 
 KEY_PREFIX = "s_"
-
-ADAPTIVE_MODES = ("none", "target", "edt", "dynatemp", "mirostat")
-MASS_SOURCES = ("attention", "ema", "uniform", "idf", "norm", "info")
-SIMILARITIES = ("cosine", "dot")
-GRAVITY_SPACES = ("embedding", "hidden", "contextual")
-GRAVITY_MODES = ("full", "rerank")
-GRAVITY_KINDS = ("pull", "contrast")
-CHOICES = {
-    "adaptive": ADAPTIVE_MODES,
-    "gravity_kind": GRAVITY_KINDS,
-    "gravity_mass": MASS_SOURCES,
-    "gravity_sim": SIMILARITIES,
-    "gravity_space": GRAVITY_SPACES,
-    "gravity_mode": GRAVITY_MODES,
-}
 DEFAULT_PROMPT = "Write one sentence about the sea."
+
+# the sampling fields the app shows, in PruneParams' order
+PARAM_FIELDS: tuple[str, ...] = tuple(name for name, spec in SPECS.items() if spec.app)
 
 
 def default_model_name() -> str:
@@ -42,58 +37,44 @@ def default_model_name() -> str:
     return os.environ.get("SEMVIZ_MODEL", "").strip()
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The shared controls. Field names are the widget keys without the ``s_`` prefix."""
+def spec_of(name: str) -> FieldSpec:
+    """The metadata of the ``Settings`` field ``name``."""
+    return Settings.__dataclass_fields__[name].metadata["spec"]
 
-    model: str = ""
-    prompt: str = DEFAULT_PROMPT
-    chat: bool = True
-    preset: str = "custom"
-    temperature: float = 0.8
-    adaptive: str = "none"
-    target_entropy: float = 2.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    typical_p: float = 1.0
-    gravity_lambda: float = 0.0
-    # the other gravity controls start at the core's recommended gravity
-    gravity_kind: str = PruneParams.gravity_kind
-    gravity_mass: str = PruneParams.gravity_mass
-    gravity_sim: str = PruneParams.gravity_sim
-    gravity_space: str = PruneParams.gravity_space
-    gravity_mode: str = PruneParams.gravity_mode
-    free_energy: bool = False
-    free_energy_kappa: float = 1.0
-    fallback: bool = False
-    kv_policy: str = "none"
-    kv_budget: int = 256
-    seed: int = 0
-    run_n: int = 32
-    max_new_tokens: int = 512
+
+@dataclass(frozen=True)
+class _RunSettings:
+    """The controls that are not sampling parameters, and what every ``Settings`` can do."""
+
+    model: str = setting(
+        "", "Empty for the offline default; or a local model folder, a .gguf file, or a "
+        "Hugging Face id (needs the hub).", label="Model",
+    )  # fmt: skip
+    prompt: str = setting(DEFAULT_PROMPT, "The text the model continues.", label="Prompt")
+    chat: bool = setting(True, "Wrap the prompt in the model's chat template.", label="Chat template")  # fmt: skip
+    preset: str = setting(
+        "custom", "Sets the sliders below to a scenario's parameters.",
+        choices=("custom", *PRESETS), label="Scenario preset",
+    )  # fmt: skip
+    kv_policy: str = setting("none", "KV-cache eviction policy.", label="KV policy")
+    kv_budget: int = setting(
+        256, "Tokens the cache keeps.", lo=8, hi=8192, app=(8, 8192, 8), label="KV budget (tokens)"
+    )
+    seed: int = setting(
+        0, "Seed of the run's sampler.", lo=0, hi=2**31 - 1, app=(0, 2**31 - 1, 1), label="Seed"
+    )
+    run_n: int = setting(
+        32, "Tokens one press of Run adds.", lo=1, hi=2048, app=(1, 2048, 1), label="Run N"
+    )
+    max_new_tokens: int = setting(
+        512, "Most tokens a run generates.", lo=1, hi=8192, app=(1, 8192, 16),
+        label="Max new tokens",
+    )  # fmt: skip
 
     # -- core parameters -------------------------------------------------------------------
     def prune_params(self) -> PruneParams:
         """The frozen core parameters; ``ValueError`` naming the field if out of range."""
-        return PruneParams(
-            temperature=float(self.temperature),
-            top_k=int(self.top_k),
-            top_p=float(self.top_p),
-            min_p=float(self.min_p),
-            typical_p=float(self.typical_p),
-            gravity_lambda=float(self.gravity_lambda),
-            gravity_kind=self.gravity_kind,
-            gravity_mass=self.gravity_mass,
-            gravity_sim=self.gravity_sim,
-            gravity_space=self.gravity_space,
-            gravity_mode=self.gravity_mode,
-            free_energy=bool(self.free_energy),
-            free_energy_kappa=float(self.free_energy_kappa),
-            adaptive=self.adaptive,
-            target_entropy=float(self.target_entropy),
-            fallback=bool(self.fallback),
-        )
+        return PruneParams(**{name: getattr(self, name) for name in PARAM_FIELDS})
 
     def model_name(self) -> str:
         """The name handed to ``load_model``: the typed name, else the app default."""
@@ -113,20 +94,22 @@ class Settings:
 
     def with_params(self, p: PruneParams) -> Settings:
         """These settings with the slider fields taken from ``p`` (used by presets)."""
-        names = {f.name for f in fields(self)}
-        return replace(self, **{k: v for k, v in p.to_dict().items() if k in names})
+        return replace(self, **{name: getattr(p, name) for name in PARAM_FIELDS})
 
     # -- session_state -----------------------------------------------------------------------
     @classmethod
     def from_state(cls, state: Any) -> Settings:
-        """Read the widgets (``s_<field>``) from ``st.session_state``; defaults where unset."""
-        base = cls()
+        """Read the widgets (``s_<field>``) from ``st.session_state``; defaults where unset
+        or of the wrong type. Ranges are checked by :meth:`prune_params`."""
         kw = {}
         for f in fields(cls):
             key = KEY_PREFIX + f.name
             if key in state:
-                kw[f.name] = _coerce(getattr(base, f.name), state[key])
-        return replace(base, **kw)
+                try:
+                    kw[f.name] = f.metadata["spec"].coerce(state[key])
+                except ValueError:
+                    continue
+        return cls(**kw)
 
     def seed_state(self, state: Any, *, overwrite: bool = False) -> None:
         """Write these values into the widget keys (missing keys only unless ``overwrite``)."""
@@ -138,41 +121,49 @@ class Settings:
     # -- query params ------------------------------------------------------------------------
     def to_query_params(self) -> dict[str, str]:
         """Only the fields that differ from the defaults, as strings (for ``st.query_params``)."""
-        base = Settings()
+        base = type(self)()
         out = {}
-        for k, v in asdict(self).items():
-            if v != getattr(base, k):
-                out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v != getattr(base, f.name):
+                out[f.name] = ("1" if v else "0") if isinstance(v, bool) else str(v)
         return out
 
     @classmethod
-    def from_query_params(cls, qp: Any) -> Settings:
-        """Settings from a mapping of strings; unknown keys and unparsable values are ignored."""
-        base = cls()
+    def from_query_params(cls, qp: Any, notes: list[str] | None = None) -> Settings:
+        """Settings from a mapping of strings. Unknown keys are ignored; a value that does not
+        parse keeps the default, a number out of range is clamped to the widget's range, and
+        each such change adds one sentence to ``notes``."""
         kw = {}
         for f in fields(cls):
-            if f.name in qp:
-                raw = qp[f.name]
-                try:
-                    v = _coerce(getattr(base, f.name), raw)
-                except (TypeError, ValueError):
-                    continue
-                if f.name in CHOICES and v not in CHOICES[f.name]:
-                    continue
-                kw[f.name] = v
-        return replace(base, **kw)
+            if f.name not in qp:
+                continue
+            try:
+                value, note = parse_value(f.metadata["spec"], f.name, qp[f.name], clamp=True, app=True)  # fmt: skip
+            except ValueError as exc:
+                note, value = f"Ignored {exc}.", None
+            else:
+                kw[f.name] = value
+            if note is not None and notes is not None:
+                notes.append(note)
+        return cls(**kw)
 
 
-def _coerce(default: Any, value: Any) -> Any:
-    if isinstance(default, bool):
-        if isinstance(value, str):
-            return value.strip().lower() in ("1", "true", "yes", "on")
-        return bool(value)
-    if isinstance(default, int):
-        return int(float(value))
-    if isinstance(default, float):
-        return float(value)
-    return "" if value is None else str(value)
+def _param_field(name: str) -> tuple[str, Any, Any]:
+    """A ``Settings`` field for ``PruneParams.<name>``: its type, app default and metadata."""
+    spec = SPECS[name]
+    default = spec.app_default if spec.default_in_app else PruneParams.__dataclass_fields__[name].default  # fmt: skip
+    ptype = PruneParams.__dataclass_fields__[name].type
+    return name, ptype, field(default=default, metadata={"spec": spec})
+
+
+Settings = make_dataclass(
+    "Settings", [_param_field(n) for n in PARAM_FIELDS], bases=(_RunSettings,), frozen=True
+)
+Settings.__module__ = __name__
+Settings.__doc__ = """The shared controls. Field names are the widget keys without the ``s_``
+prefix: the run fields of ``_RunSettings``, then every ``PruneParams`` field with an app
+widget (``PARAM_FIELDS``)."""
 
 
 @dataclass

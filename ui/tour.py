@@ -7,7 +7,7 @@ import dataclasses
 
 import streamlit as st
 
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from ui.state import Settings
 
 STEPS = (

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from semviz import gravity as gv
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 # every position may pull: the seed's plain potential, to compare with brute force
 PLAIN = dict(

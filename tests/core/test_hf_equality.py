@@ -6,7 +6,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from semviz import processors as sp
-from semviz import pruning as core
+from semviz import sampling as core
 
 NEG = float("-inf")
 

@@ -4,9 +4,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from semviz import processors as sp
+from semviz.sampling import PruneParams, SamplerState, active_filters, choose, prune
+from tests.core import reference as ref
 
 NEG = float("-inf")
 
@@ -114,6 +116,101 @@ def _generate(model, procs, batch=2, **kw):
     return out
 
 
+class Recorder(LogitsProcessor):
+    """First in the list: keeps the raw scores generate hands to the processors (B, V)."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        self.rows.append(scores.detach().float().clone())
+        return scores
+
+
+class InverseCDF(LogitsProcessor):
+    """Last in the list: picks each row's token by inverse CDF of the processed distribution
+    with a uniform from its own seeded generator, and returns that token alone (0 there,
+    -inf elsewhere), so generate's own multinomial draw can only take it. The core gets the
+    same uniforms, so both sides sample with the same randomness."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.us: list[list[float]] = []
+        self.probs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        p = torch.softmax(scores.float(), -1)  # (B, V)
+        us = torch.rand(scores.shape[0], generator=self.gen, dtype=torch.float64).tolist()
+        out = torch.full_like(scores, NEG)
+        for b, u in enumerate(us):
+            out[b, ref.pick(p[b], u)] = 0.0
+        self.us.append(us)
+        self.probs.append(p)
+        return out
+
+
+SAME_CHAIN = [  # (processors, the same chain as core parameters)
+    (lambda: [sp.TemperatureLogitsWarper(0.7)], dict(temperature=0.7)),
+    (lambda: [sp.TopKLogitsWarper(5)], dict(top_k=5)),
+    (lambda: [sp.TopKLogitsWarper(5, tie_rule="stable")], dict(top_k=5, tie_rule="stable")),
+    (lambda: [sp.TopPLogitsWarper(0.8)], dict(top_p=0.8)),
+    (lambda: [sp.MinPLogitsWarper(0.1)], dict(min_p=0.1)),
+    (lambda: [sp.TypicalLogitsWarper(0.9)], dict(typical_p=0.9)),
+    (lambda: [sp.EpsilonLogitsWarper(0.01)], dict(epsilon=0.01)),
+    (lambda: [sp.EtaLogitsWarper(0.01)], dict(eta=0.01)),
+    (lambda: [sp.FreeEnergyLogitsWarper(1.0)], dict(free_energy=True)),
+    (lambda: [sp.EntropyAdaptiveTemperatureLogitsWarper("target")], dict(adaptive="target")),
+    (lambda: [sp.EntropyAdaptiveTemperatureLogitsWarper("edt")], dict(adaptive="edt")),
+    (lambda: [sp.EntropyAdaptiveTemperatureLogitsWarper("dynatemp")], dict(adaptive="dynatemp")),
+    (
+        lambda: [sp.TemperatureLogitsWarper(0.8), sp.MirostatLogitsWarper(tau=2.0)],
+        dict(temperature=0.8, adaptive="mirostat", mirostat_tau=2.0),
+    ),
+    (
+        lambda: [sp.TemperatureLogitsWarper(0.8), sp.TopKLogitsWarper(20), sp.TopPLogitsWarper(0.9),
+                 sp.MinPLogitsWarper(0.05), sp.EtaLogitsWarper(0.001)],
+        dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, eta=0.001),
+    ),
+]  # fmt: skip
+
+
+def generate_and_replay(model, procs, params, seed=0, steps=6):
+    """Tokens from generate with ``procs``, and the core's prune + choose on the same raw
+    scores with the same uniforms: ``(generated (B, steps), core picks (B, steps),
+    [(processed distribution (V,), the core's PruneResult)])``."""
+    rec, pick = Recorder(), InverseCDF(seed)
+    ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(seed + 1))
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=steps,
+        min_new_tokens=steps, logits_processor=LogitsProcessorList([rec, *procs, pick]),
+        pad_token_id=0,
+    )  # fmt: skip
+    states = [SamplerState(), SamplerState()]
+    core_picks, pairs = [], []
+    for raw, us, probs in zip(rec.rows, pick.us, pick.probs, strict=True):
+        row = []
+        for b in range(2):
+            r = prune(raw[b], params, state=states[b])
+            row.append(choose(r, us[b], state=states[b]))
+            pairs.append((probs[b], r))
+        core_picks.append(row)
+    return out[:, ids.shape[1] :], torch.tensor(core_picks).T, pairs
+
+
+@pytest.mark.parametrize("make,kw", SAME_CHAIN, ids=[str(sorted(kw)) for _, kw in SAME_CHAIN])
+def test_processors_in_generate_pick_the_cores_tokens(peaked_llama, make, kw):
+    """Inside model.generate(do_sample=True) the processors sample exactly the tokens the
+    core's prune + choose picks from the same logits with the same uniform draws."""
+    params = PruneParams(**{"combine": "sequential", "tie_rule": "hf", **kw})
+    for seed in (0, 1):
+        generated, core_picks, pairs = generate_and_replay(peaked_llama, make(), params, seed)
+        assert torch.equal(generated, core_picks), (generated, core_picks)
+        for theirs, r in pairs:
+            torch.testing.assert_close(theirs, r.probs, atol=1e-6, rtol=1e-5)
+        if active_filters(params) or params.adaptive == "mirostat":  # the filters did cut
+            assert any(r.n_kept < 256 for _, r in pairs)
+
+
 def test_every_processor_runs_in_generate(tiny_llama):
     emb = tiny_llama.get_input_embeddings().weight
     for proc in all_processors(emb=emb):
@@ -133,13 +230,12 @@ def test_attention_and_hidden_gravity_in_generate(tiny_llama):
         _generate(tiny_llama, [a, e, sp.TopPLogitsWarper(0.9)])
         assert a.last_gravity.shape == (2, 256)
         assert sink.stacked().shape[:3] == (2, 2, 4)  # (L, B, H, S)
-    assert not tiny_llama._forward_pre_hooks and not tiny_llama.model.norm._forward_hooks
+    assert not tiny_llama._forward_pre_hooks and not tiny_llama.model._forward_hooks
 
 
 def test_gravity_processor_matches_core(tiny_llama):
     """The processor's adjusted scores equal log P + λ·Ĝ from the core gravity."""
     from semviz.gravity import gravity_for_step
-    from semviz.pruning import PruneParams
 
     ids = torch.tensor([[5, 6, 7, 7]])
     scores = torch.randn(1, 256)

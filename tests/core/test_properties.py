@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semviz import pruning as core
+from semviz import sampling as core
 from semviz.gravity import normalize_gravity
 
 SETTINGS = settings(max_examples=60, deadline=None)

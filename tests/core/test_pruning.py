@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from semviz import pruning as core
+from semviz import sampling as core
 from semviz.presets import PRESETS, get_preset
-from semviz.pruning import PruneParams, SamplerState, choose, prune
+from semviz.sampling import PruneParams, SamplerState, choose, prune
 
 
 def test_defaults_are_plain_sampling():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from semviz.decoding import Decoder, DecodeSettings, PromptError, encode_prompt, top_candidates
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 PROMPT = "The lighthouse keeper climbed the stairs"
 

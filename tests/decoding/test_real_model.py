@@ -7,7 +7,7 @@ import torch
 
 import semviz
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 pytestmark = pytest.mark.real_model
 

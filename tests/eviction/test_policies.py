@@ -10,7 +10,7 @@ import torch
 
 from semviz import eviction as ev
 from semviz.decoding import Decoder, DecodeSettings, cache_nbytes
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 from semviz.trace import Trace
 
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good"

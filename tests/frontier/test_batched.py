@@ -18,7 +18,7 @@ from semviz.batched import (
     processor_chain,
 )
 from semviz.decoding import Decoder, DecodeSettings, encode_prompt
-from semviz.pruning import PruneParams, choose, prune
+from semviz.sampling import PruneParams, choose, prune
 
 PROMPTS = [
     "Once upon a time",

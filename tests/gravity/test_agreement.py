@@ -10,8 +10,8 @@ from semviz import gravity as gv
 from semviz import processors as sp
 from semviz.capture import AttentionSink
 from semviz.decoding import Decoder, DecodeSettings
-from semviz.pruning import PruneParams
 from semviz.replay import recompute_gravity, replay
+from semviz.sampling import PruneParams
 
 PROMPT = "Write a story about a beekeeper who talks to her bees."
 MASSES = ("attention", "ema", "uniform", "idf", "norm", "info")

@@ -7,7 +7,7 @@ import torch
 
 from semviz import gravity as gv
 from semviz.decoding import encode_prompt
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 PROMPT = "Write a story about a beekeeper."
 T, S, U = gv.TEMPLATE, gv.SYSTEM, gv.USER

@@ -8,7 +8,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from semviz import processors as sp
 from semviz.decoding import Decoder, DecodeSettings, encode_prompt
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 PROMPTS = (
     "Write a story about a beekeeper.",

@@ -9,7 +9,7 @@ import pytest
 
 from semviz.decoding import Decoder, DecodeSettings
 from semviz.metrics import repetition_rate, words
-from semviz.pruning import PruneParams
+from semviz.sampling import PruneParams
 
 pytestmark = pytest.mark.real_model
 

@@ -106,7 +106,7 @@ def test_cli_prompt_and_trace_routes_write_the_same_report(tiny_dir, tmp_path, c
 
 def test_playwright_export_and_stop_keep_what_was_made(tiny_lm, tmp_path):
     from semviz.decoding import Decoder, DecodeSettings
-    from semviz.pruning import PruneParams
+    from semviz.sampling import PruneParams
 
     dec = Decoder(tiny_lm, "The sea", PruneParams(top_k=8), DecodeSettings(max_new_tokens=4))
     dec.run(4)

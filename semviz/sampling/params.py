@@ -1,0 +1,682 @@
+"""The chain's settings (:class:`PruneParams`), each field described once, and the step state.
+
+Every field of :class:`PruneParams` carries a :class:`FieldSpec` in its metadata: its type,
+valid range or choices, a help sentence, and, for the fields the app shows, its widget's
+label, range and section. Everything that reads a setting goes through it: validation
+(:meth:`PruneParams.validate`), the CLI flags, the compare specs, the app's ``Settings``,
+its sidebar and its URL (:func:`parse_field`), so a field's rules live in one place.
+
+Adding a field
+--------------
+Add one line to :class:`PruneParams`::
+
+    anchor_weight: float = setting(0.0, "Pull towards the prompt's first tokens; 0 is off.", lo=0)
+
+That is all the validation, ``--anchor-weight`` on the CLI, ``anchor_weight=…`` in compare
+specs and trace round trips need. Give ``app=(lo, hi, step)`` for a slider (or ``app=True``
+for a toggle or a select box), ``label=`` and ``group=`` to show it in the app's sidebar;
+``shown_if=("other_field", value)`` hides the widget unless another field has that value.
+Cross-field rules go in :meth:`PruneParams.validate` after the per-field loop.
+
+Examples
+--------
+>>> PruneParams(top_p=0.9).replace(temperature=0.7).temperature
+0.7
+>>> parse_field("top_p", "1.5", clamp=True)
+(1.0, 'top_p=1.5 must be in (0, 1]; using 1.0.')
+>>> parse_field("free_energy", "on")
+(True, None)
+>>> PruneParams(top_p=0.0)
+Traceback (most recent call last):
+...
+ValueError: PruneParams.top_p=0.0: must be in (0, 1]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from semviz.sampling.chain import PruneResult
+
+__all__ = [
+    "SPECS",
+    "FieldSpec",
+    "PruneParams",
+    "SamplerState",
+    "Stage",
+    "check_model_shape",
+    "field_spec",
+    "parse_bool",
+    "parse_field",
+    "parse_scalar",
+    "parse_value",
+    "setting",
+]
+
+_UNSET = object()
+_TRUE = ("1", "on", "true", "yes")
+_FALSE = ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What one setting accepts and how the app shows it.
+
+    ``kind`` is ``"bool"``, ``"int"``, ``"float"``, ``"choice"``, ``"indices"`` (None or a
+    tuple of non-negative ints) or ``"str"``. ``lo``/``hi`` bound numbers (``lo_open``/``hi_open`` for
+    strict bounds); ``note`` follows the range in error messages ("0 means off").
+    ``app`` is ``(lo, hi, step)`` for a slider or number box, ``True`` for a toggle or a
+    select box, ``False`` for a field the sidebar does not show; ``app_default`` replaces
+    the field's default in the app.
+    """
+
+    kind: str
+    help: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple = ()
+    note: str = ""
+    app: bool | tuple[float, float, float] = False
+    label: str = ""
+    group: str = ""
+    shown_if: tuple[str, Any] | None = None
+    app_default: Any = _UNSET
+
+    # -- text ------------------------------------------------------------------------------
+    def range_text(self) -> str:
+        """``"in (0, 1]"``, ``">= 0"``, ``"one of ('hf', 'llama.cpp')"``, or ``""``."""
+        if self.kind == "choice":
+            return f"one of {self.choices}"
+        lo, hi = self.lo, self.hi
+        if lo is not None and hi is not None:
+            a, b = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+            return f"in {a}{_num(lo)}, {_num(hi)}{b}"
+        if lo is not None:
+            return f"{'>' if self.lo_open else '>='} {_num(lo)}"
+        if hi is not None:
+            return f"{'<' if self.hi_open else '<='} {_num(hi)}"
+        return ""
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not valid for this field (the end of a sentence), or None."""
+        k = self.kind
+        if k == "str":
+            return None if isinstance(value, str) else "must be text"
+        if k == "bool":
+            return None if isinstance(value, bool) else "must be a bool"
+        if k == "choice":
+            return None if value in self.choices else f"must be {self.range_text()}"
+        if k == "indices":
+            if value is None:
+                return None
+            ok = isinstance(value, tuple) and value and all(_is_int(i) for i in value)
+            if not ok:
+                return "must be None or a non-empty tuple of ints"
+            return None if min(value) >= 0 else "indices must be >= 0"
+        if k == "int" and not _is_int(value):
+            return "must be an int"
+        if k == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return "must be a number"
+        if not math.isfinite(value):
+            return "must be finite"
+        if not self._in_range(value):
+            note = f" ({self.note})" if self.note else ""
+            return f"must be {self.range_text()}{note}"
+        return None
+
+    def _in_range(self, v: float) -> bool:
+        lo, hi = self.lo, self.hi
+        if lo is not None and (v <= lo if self.lo_open else v < lo):
+            return False
+        return hi is None or (v < hi if self.hi_open else v <= hi)
+
+    # -- parsing ---------------------------------------------------------------------------
+    def coerce(self, raw: Any) -> Any:
+        """``raw`` (a string from a URL, a flag or a spec, or a widget's value) as this
+        field's type, without checking the range. ``ValueError`` says what was expected."""
+        k = self.kind
+        if k == "bool":
+            return parse_bool(raw)
+        if k == "indices":
+            return _parse_indices(raw)
+        if k == "choice":
+            if self.choices and all(_is_int(c) for c in self.choices):
+                return _parse_int(raw)
+            text = str(raw).strip()
+            if text not in self.choices:
+                close = difflib.get_close_matches(text, [str(c) for c in self.choices], n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ValueError(f"expected {self.range_text()}{hint}")
+            return text
+        if k == "int":
+            return _parse_int(raw)
+        if k == "float":
+            return _parse_float(raw)
+        return "" if raw is None else str(raw)
+
+    def clamp(self, value: float, *, app: bool = False) -> float | None:
+        """``value`` moved into the range (the widget's with ``app``); None if impossible.
+
+        A strict bound cannot be reached, so a value past it cannot be clamped.
+        """
+        if isinstance(self.app, tuple) and app:
+            lo, hi, lo_open, hi_open = self.app[0], self.app[1], False, False
+        else:
+            lo, hi, lo_open, hi_open = self.lo, self.hi, self.lo_open, self.hi_open
+        if lo is not None and value < lo:
+            return None if lo_open else type(value)(lo)
+        if hi is not None and value > hi:
+            return None if hi_open else type(value)(hi)
+        return value
+
+    @property
+    def default_in_app(self) -> bool:
+        return self.app_default is not _UNSET
+
+
+def setting(default: Any, help: str, **spec: Any) -> Any:
+    """A dataclass field with its :class:`FieldSpec` (``kind`` follows from ``default``)."""
+    kind = spec.pop("kind", None) or _kind_of(default, spec)
+    return field(default=default, metadata={"spec": FieldSpec(kind=kind, help=help, **spec)})
+
+
+def _kind_of(default: Any, spec: dict) -> str:
+    if spec.get("choices"):
+        return "choice"
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    if default is None or isinstance(default, tuple):
+        return "indices"
+    return "str"
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# -- the one parser --------------------------------------------------------------------------
+
+
+def parse_bool(raw: Any) -> bool:
+    """``on/off``, ``true/false``, ``yes/no``, ``1/0`` (any case), or a bool.
+
+    >>> parse_bool("Off"), parse_bool(1)
+    (False, True)
+    """
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("expected on or off")
+
+
+INT_LIMIT = 2**31 - 1  # every integer setting fits in 32 bits, as torch's kernels need
+
+
+def _parse_int(raw: Any) -> int:
+    """An integer from an int, an integral float or its text (``"1e3"`` is 1000), within
+    ±``INT_LIMIT``, so a huge value is refused here rather than overflowing in torch."""
+    v: Any = None
+    if _is_int(raw):
+        v = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        v = int(raw)
+    else:
+        text = str(raw).strip()
+        try:
+            v = int(text)
+        except ValueError:
+            try:
+                f = float(text)
+            except ValueError:
+                f = math.nan
+            v = int(f) if math.isfinite(f) and f.is_integer() else None
+    if v is None:
+        raise ValueError("expected an integer")
+    if abs(v) > INT_LIMIT:
+        raise ValueError(f"expected an integer between {-INT_LIMIT} and {INT_LIMIT}")
+    return v
+
+
+def _parse_float(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a number")
+    try:
+        v = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number") from None
+    if not math.isfinite(v):
+        raise ValueError("expected a finite number")
+    return v
+
+
+def _parse_indices(raw: Any) -> tuple[int, ...] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, (list, tuple)):
+        return tuple(_parse_int(i) for i in raw) or None
+    text = str(raw).strip()
+    if text.lower() in ("", "all", "none"):
+        return None
+    parts = [p.strip() for p in text.replace("/", ",").split(",")]
+    try:
+        return tuple(_parse_int(p) for p in parts)
+    except ValueError:
+        raise ValueError("expected integers separated by '/' or ','") from None
+
+
+def parse_scalar(raw: str) -> Any:
+    """A setting without a declared type: ``none`` → None, on/off words → bool, then int,
+    float, and otherwise the text itself (used for eviction policies' extra arguments).
+
+    >>> [parse_scalar(s) for s in ("none", "on", "3", "0.25", "h2o")]
+    [None, True, 3, 0.25, 'h2o']
+    """
+    text = str(raw).strip()
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("on", "off", "true", "false", "yes", "no"):
+        return parse_bool(low)
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_value(
+    spec: FieldSpec, name: str, raw: Any, *, clamp: bool = False, app: bool = False
+) -> tuple[Any, str | None]:
+    """Parse ``raw`` for the field ``name`` described by ``spec``: ``(value, note)``.
+
+    A value of the wrong type raises ``ValueError`` naming the field. A number out of range
+    raises too, unless ``clamp``: then it is moved to the nearest end of the range (of the
+    app widget's range with ``app``) and ``note`` says so in one sentence.
+    """
+    try:
+        value = spec.coerce(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r}: {exc}") from None
+    why = spec.problem(value)
+    if clamp and spec.kind in ("int", "float"):
+        fixed = spec.clamp(value, app=app)
+        if fixed is not None and fixed != value:
+            widget = app and isinstance(spec.app, tuple)
+            where = f"is outside the app's range {_app_range(spec)}" if widget else why
+            return fixed, f"{name}={raw} {where}; using {fixed}."
+    if why is not None:
+        raise ValueError(f"{name}={raw!r}: {why}")
+    return value, None
+
+
+def _app_range(spec: FieldSpec) -> str:
+    lo, hi, _ = spec.app  # type: ignore[misc]
+    return f"[{_num(lo)}, {_num(hi)}]"
+
+
+def field_spec(name: str) -> FieldSpec:
+    """The :class:`FieldSpec` of ``PruneParams.<name>``; ``ValueError`` with a suggestion."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(SPECS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{name!r} is not a sampling setting{hint}") from None
+
+
+def parse_field(
+    name: str, raw: Any, *, clamp: bool = False, app: bool = False
+) -> tuple[Any, str | None]:
+    """``(value, note)`` for ``PruneParams.<name>`` from a URL, CLI or compare-spec string.
+
+    See :func:`parse_value`; ``note`` is None unless a value was clamped.
+    """
+    return parse_value(field_spec(name), name, raw, clamp=clamp, app=app)
+
+
+# -- the parameters --------------------------------------------------------------------------
+
+SAMPLING, GRAVITY = "Sampling", "Gravity & free energy"
+UNIT = {"lo": 0.0, "hi": 1.0}
+
+
+@dataclass(frozen=True)
+class PruneParams:
+    """Everything that shapes one step's distribution. Defaults are plain sampling.
+
+    Filters count as off at their neutral value: ``top_k=0``, ``top_p=1``, ``min_p=0``,
+    ``typical_p=1``, ``epsilon=0``, ``eta=0``. ``temperature=0`` means greedy. Each field's
+    range and meaning is in its metadata (:func:`field_spec`); see the module docstring of
+    :mod:`semviz.sampling` for ``order``, ``combine`` and ``tie_rule``.
+    """
+
+    temperature: float = setting(
+        1.0, "Divide the scores by T before sampling; 0 is greedy (argmax).", lo=0.0,
+        note="0 means greedy", app=(0.0, 2.0, 0.05), label="Temperature", group=SAMPLING,
+        app_default=0.8,
+    )  # fmt: skip
+    top_k: int = setting(
+        0, "Keep the k most probable tokens; 0 is off.", lo=0, note="0 means off",
+        app=(0, 200, 1), label="top-k", group=SAMPLING,
+    )  # fmt: skip
+    top_p: float = setting(
+        1.0, "Keep the smallest most-probable set with mass >= p; 1 is off.", **UNIT,
+        lo_open=True, app=(0.01, 1.0, 0.01), label="top-p", group=SAMPLING,
+    )  # fmt: skip
+    min_p: float = setting(
+        0.0, "Keep tokens with p >= min_p·p_max; 0 is off.", **UNIT, app=(0.0, 1.0, 0.01),
+        label="min-p", group=SAMPLING,
+    )  # fmt: skip
+    typical_p: float = setting(
+        1.0, "Locally typical sampling: keep the tokens whose surprise is closest to the "
+        "entropy, up to this mass; 1 is off.", **UNIT, lo_open=True, app=(0.01, 1.0, 0.01),
+        label="typical-p", group=SAMPLING,
+    )  # fmt: skip
+    epsilon: float = setting(0.0, "Keep tokens with p >= epsilon; 0 is off.", **UNIT, hi_open=True)
+    eta: float = setting(
+        0.0, "Eta sampling: keep tokens with p >= min(eta, sqrt(eta)·exp(-H)); 0 is off.",
+        **UNIT, hi_open=True,
+    )  # fmt: skip
+    order: str = setting(
+        "hf", "Where temperature sits: 'hf' divides before the filters, 'llama.cpp' after.",
+        choices=("hf", "llama.cpp"),
+    )  # fmt: skip
+    combine: str = setting(
+        "intersection", "'intersection' keeps what every filter keeps on the same "
+        "distribution; 'sequential' applies them one after another, as HF generate does.",
+        choices=("intersection", "sequential"),
+    )  # fmt: skip
+    tie_rule: str = setting(
+        "stable", "'stable' breaks ties by the lower token id; 'hf' reproduces transformers' "
+        "warpers operation for operation.", choices=("stable", "hf"),
+    )  # fmt: skip
+    min_tokens_to_keep: int = setting(1, "No filter leaves fewer tokens than this.", lo=1)
+    # narrative gravity: s = log P + λ·G (semviz.gravity)
+    gravity_lambda: float = setting(
+        0.0, "Narrative gravity: s = log P + λ·G; 0 is off. A pull's G is z-scored over the "
+        "vocabulary, a contrast's is in nats.", app=(-2.0, 3.0, 0.05), label="Gravity λ",
+        group=GRAVITY,
+    )  # fmt: skip
+    gravity_kind: str = setting(
+        "contrast", "'contrast' is coherence boosting, G = log P(w|C) - log P(w|last k "
+        "tokens) (a second, short forward per step); 'pull' is the seed's "
+        "G = Σ m_i·sim(w, t_i) towards the context.", choices=("pull", "contrast"), app=True,
+        label="Kind", group=GRAVITY,
+    )  # fmt: skip
+    gravity_contrast_k: int = setting(
+        8, "Contrast: the short context is the last k tokens.", lo=1, hi=4096,
+        app=(1, 64, 1), label="Short context k", group=GRAVITY,
+        shown_if=("gravity_kind", "contrast"),
+    )  # fmt: skip
+    gravity_mode: str = setting(
+        "full", "'full' adjusts every token; 'rerank' only the top rerank_k raw candidates.",
+        choices=("full", "rerank"), app=True, label="Mode", group=GRAVITY,
+    )  # fmt: skip
+    rerank_k: int = setting(64, "How many raw candidates gravity reranks in rerank mode.", lo=1)
+    gravity_mass: str = setting(
+        "info", "Pull: each context token's weight: last-query attention, its EMA, uniform, "
+        "IDF, embedding norm, or 'info' (the token's surprise under the model; stopwords "
+        "and punctuation get none).", choices=("attention", "ema", "uniform", "idf", "norm", "info"),
+        app=True, label="Mass source", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_sim: str = setting(
+        "cosine", "Pull: similarity of a candidate to the context.", choices=("cosine", "dot"),
+        app=True, label="Similarity", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_space: str = setting(
+        "embedding", "Pull: the vectors compared: input embeddings, final hidden states, or "
+        "'contextual' (the state each context token was predicted from).",
+        choices=("embedding", "hidden", "contextual"), app=True, label="Space", group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_anchor: str = setting(
+        "prompt", "Pull: which tokens may carry mass: the user's prompt, the whole context, "
+        "or the last gravity_window positions.", choices=("prompt", "context", "window"),
+        app=True, label="Anchor", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_window: int = setting(
+        64, "Pull with anchor 'window': how many recent positions may carry mass.", lo=1,
+        hi=1 << 20, app=(4, 512, 4), label="Window (positions)", group=GRAVITY,
+        shown_if=("gravity_anchor", "window"),
+    )  # fmt: skip
+    gravity_sinks: int = setting(
+        1, "Pull: the first positions (attention sinks) carry no mass.", lo=0, hi=1 << 20
+    )
+    gravity_skip_template: bool = setting(
+        True, "Pull: special and chat-template tokens and the system prompt carry no mass.",
+        app=True, label="No mass on template tokens", group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_ngram: int = setting(
+        2, "A token that would repeat an n-gram of the context keeps no positive gravity; "
+        "0 is off.", lo=0, hi=64, note="0 means off",
+    )  # fmt: skip
+    gravity_copy_cos: float = setting(
+        0.65, "Pull: a token whose embedding cosine with a context token is at least this "
+        "keeps no positive gravity; 0 is off.", **UNIT, note="0 means off",
+    )  # fmt: skip
+    gravity_attract_only: bool = setting(
+        True, "Pull: G = max(z - gravity_floor, 0), so nothing is pushed away.",
+    )  # fmt: skip
+    gravity_floor: float = setting(
+        1.0, "Pull with attract-only: the z-score above which a token is pulled.", lo=0.0,
+        hi=10.0,
+    )  # fmt: skip
+    gravity_layers: tuple[int, ...] | None = setting(
+        None, "Layers whose attention gives the mass (all when unset).", kind="indices"
+    )
+    gravity_heads: tuple[int, ...] | None = setting(
+        None, "Heads whose attention gives the mass (all when unset).", kind="indices"
+    )
+    ema_decay: float = setting(
+        0.9, "Decay of the attention EMA (mass 'ema').", **UNIT, hi_open=True
+    )
+    # free-energy criterion: keep w iff U(w) - U_min <= kappa * T * H
+    free_energy: bool = setting(
+        False, "Free-energy filter: keep w iff U(w) - U_min <= kappa·T·H.", app=True,
+        label="Free-energy pruning", group=GRAVITY,
+    )  # fmt: skip
+    free_energy_kappa: float = setting(
+        1.0, "kappa of the free-energy window.", lo=0.0, app=(0.0, 5.0, 0.1),
+        label="κ (keep U − U_min ≤ κ·T·H)", group=GRAVITY, shown_if=("free_energy", True),
+    )  # fmt: skip
+    # adaptive temperature
+    adaptive: str = setting(
+        "none", "Adaptive temperature: a target-entropy controller, EDT, llama.cpp's "
+        "dynatemp, or mirostat v2.", choices=("none", "target", "edt", "dynatemp", "mirostat"),
+        app=True, label="Adaptive temperature", group=SAMPLING,
+    )  # fmt: skip
+    target_entropy: float = setting(
+        2.0, "Entropy the 'target' controller steers towards (nats).", lo=0.0, note="nats",
+        app=(0.0, 6.0, 0.1), label="Target entropy (nats)", group=SAMPLING,
+        shown_if=("adaptive", "target"),
+    )  # fmt: skip
+    controller_gain: float = setting(0.1, "Gain of the 'target' controller.", lo=0.0)
+    controller_sign: int = setting(
+        -1, "-1 cools when the model is unsure (stable long text), +1 heats (exploration).",
+        choices=(-1, 1),
+    )  # fmt: skip
+    adaptive_t_min: float = setting(0.05, "Lowest adaptive temperature.", lo=0.0, lo_open=True)
+    adaptive_t_max: float = setting(2.0, "Highest adaptive temperature.", lo=0.0, lo_open=True)
+    edt_theta: float = setting(1.0, "EDT: T = T0·N^(theta/H).", lo=0.0)
+    edt_n: float = setting(0.8, "EDT's base N.", **UNIT, lo_open=True, hi_open=True)
+    dynatemp_range: float = setting(0.5, "dynatemp: T spans T0 ± this range.", lo=0.0)
+    dynatemp_exponent: float = setting(
+        1.0, "dynatemp: exponent on the normalised entropy.", lo=0.0, lo_open=True
+    )
+    mirostat_tau: float = setting(
+        5.0, "Mirostat's target surprise (bits).", lo=0.0, lo_open=True, note="bits"
+    )
+    mirostat_eta: float = setting(0.1, "Mirostat's learning rate.", lo=0.0, lo_open=True)
+    # safety fallback
+    fallback: bool = setting(
+        False, "Loops or collapse switch the step to plain sampling.", app=True,
+        label="Safety fallback", group=GRAVITY,
+    )  # fmt: skip
+    fallback_ngram: int = setting(4, "Fallback: the n of the repeated n-gram.", lo=1)
+    fallback_ngram_repeats: int = setting(2, "Fallback: repeats that count as a loop.", lo=1)
+    fallback_collapse_steps: int = setting(8, "Fallback: steps of collapsed entropy.", lo=1)
+    fallback_collapse_threshold: float = setting(
+        0.05, "Fallback: entropy (nats) below which a step counts as collapsed.", lo=0.0
+    )
+    fallback_gravity_ratio: float = setting(
+        2.0, "Fallback: λ·range(G) / range(log P) above which gravity dominates.", lo=0.0,
+        lo_open=True,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kind = f.metadata["spec"].kind
+            if kind == "indices" and isinstance(v, list):
+                object.__setattr__(self, f.name, tuple(v))
+            elif kind == "float" and _is_int(v):
+                object.__setattr__(self, f.name, float(v))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field that is out of range."""
+        for f in fields(self):
+            why = f.metadata["spec"].problem(getattr(self, f.name))
+            if why is not None:
+                raise ValueError(f"PruneParams.{f.name}={getattr(self, f.name)!r}: {why}")
+        if self.adaptive_t_min > self.adaptive_t_max:
+            raise ValueError(
+                f"PruneParams.adaptive_t_min={self.adaptive_t_min!r}: must satisfy "
+                "0 < adaptive_t_min <= adaptive_t_max"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def replace(self, **changes: Any) -> PruneParams:
+        """A copy with ``changes``, validated (``ValueError`` names the field)."""
+        unknown = sorted(set(changes) - set(SPECS))
+        if unknown:
+            raise ValueError(f"PruneParams.replace: unknown keys {unknown}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in ("gravity_layers", "gravity_heads"):
+            if d[name] is not None:
+                d[name] = list(d[name])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PruneParams:
+        unknown = sorted(set(d) - set(SPECS))
+        if unknown:
+            raise ValueError(f"PruneParams.from_dict: unknown keys {unknown}")
+        return cls(**d)
+
+
+SPECS: dict[str, FieldSpec] = {f.name: f.metadata["spec"] for f in fields(PruneParams)}
+
+
+def check_model_shape(params: PruneParams, *, n_layers: int, n_heads: int) -> None:
+    """``ValueError`` naming ``gravity_layers`` / ``gravity_heads`` when an index is past
+    the model's ``n_layers`` layers or ``n_heads`` attention heads.
+
+    >>> check_model_shape(PruneParams(gravity_layers=(3, 30)), n_layers=30, n_heads=9)
+    Traceback (most recent call last):
+    ...
+    ValueError: PruneParams.gravity_layers=(3, 30): the model has 30 layers, so indices must be in 0..29
+    """
+    for name, n, what in (("gravity_layers", n_layers, "layers"), ("gravity_heads", n_heads, "heads")):  # fmt: skip
+        v = getattr(params, name)
+        if v is not None and max(v) >= n:
+            raise ValueError(
+                f"PruneParams.{name}={v!r}: the model has {n} {what}, so indices must be in "
+                f"0..{n - 1}"
+            )
+
+
+# -- per-step records and state -------------------------------------------------------------
+
+
+@dataclass
+class Stage:
+    """One waterfall row: how many tokens survived the stage and what mass it removed.
+
+    ``mass_removed`` is a fraction of the mass entering the stage, measured on the
+    distribution the stage looks at.
+    """
+
+    name: str
+    n_kept: int
+    mass_removed: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SamplerState:
+    """Mutable per-sequence state: mirostat's mu, the controllers, histories.
+
+    The attention EMA of gravity's ``"ema"`` mass is kept by position with the gravity
+    context (:class:`semviz.gravity.ContextPull`), not here.
+
+    :func:`~semviz.sampling.prune` only reads it; :func:`~semviz.sampling.choose` (or
+    :meth:`observe`) advances it once the step's token is known. Replay should work on a
+    :meth:`copy`.
+    """
+
+    mirostat_mu: float | None = None
+    last_temperature: float | None = None
+    tokens: list[int] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    def copy(self) -> SamplerState:
+        return SamplerState(
+            mirostat_mu=self.mirostat_mu,
+            last_temperature=self.last_temperature,
+            tokens=list(self.tokens),
+            entropies=list(self.entropies),
+            steps=self.steps,
+        )
+
+    def observe(self, result: PruneResult, index: int, token_id: int | None = None) -> None:
+        """Advance the state with the token chosen at this step.
+
+        Parameters
+        ----------
+        result : the step's :class:`~semviz.sampling.PruneResult`.
+        index : position of the chosen token in the index set.
+        token_id : vocabulary id (defaults to ``index``, right for full-vocabulary logits).
+        """
+        self.tokens.append(int(index if token_id is None else token_id))
+        self.entropies.append(float(result.entropy_raw))
+        self.last_temperature = float(result.temperature)
+        self.steps += 1
+        if result.mirostat_mu is not None:
+            q = float(result.index_probs["final"][index])
+            surprise = -math.log2(max(q, 1e-45))  # bits
+            self.mirostat_mu = result.mirostat_mu - result.mirostat_eta * (
+                surprise - result.mirostat_tau
+            )

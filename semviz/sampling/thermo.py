@@ -1,0 +1,109 @@
+"""Thermodynamic quantities of one step: entropy, free energy, adaptive temperature.
+
+A token ``w`` is a micro-state with energy ``U(w) = -s(w)`` (``s`` the score); at temperature
+``T`` its probability is ``exp(-U/T) / Z`` (seed §4). The entropy ``H`` measures the spread,
+``exp(H)`` is the effective number of candidates, and the free energy of a set ``S`` is
+``F = -T log sum_{w in S} exp(-U(w)/T) = <U> - T·H``.
+
+Examples
+--------
+>>> import math, torch
+>>> h, var = entropy_stats(torch.zeros(4))  # uniform over 4 tokens
+>>> round(float(h), 4) == round(math.log(4), 4), float(var) < 1e-6
+(True, True)
+>>> round(free_energy(torch.tensor([0.0, 0.0]), 1.0), 4)  # -log 2
+-0.6931
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from semviz.sampling.params import PruneParams
+
+__all__ = ["LN2", "adaptive_temperature", "entropy_parts", "entropy_stats", "free_energy"]
+
+LN2 = math.log(2.0)
+NEG_INF = float("-inf")
+
+
+def entropy_stats(logits: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
+    """Entropy and varentropy of ``softmax(logits)`` in nats, float32.
+
+    ``-inf`` entries contribute zero (no NaN). Returns 0-d tensors for 1-D input, else one
+    value per row.
+
+    >>> h, _ = entropy_stats(torch.tensor([0.0, float("-inf")]))  # one possible token
+    >>> float(h)
+    0.0
+    """
+    h, var, _, _ = entropy_parts(logits.float(), dim)
+    return h, var
+
+
+def entropy_parts(x: Tensor, dim: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(H, varentropy, log p, p)`` of ``softmax(x)``: one normaliser, shared by the callers."""
+    logp = torch.log_softmax(x, dim=dim)  # (..., V)
+    p = logp.exp()
+    # a masked token gives 0·(-inf) = NaN: nansum drops exactly those terms; 0 - x rather
+    # than -x, so a single candidate has entropy 0.0, not -0.0
+    h = 0.0 - (p * logp).nansum(dim)  # (...)
+    var = (p * (logp + h.unsqueeze(dim)).square()).nansum(dim)  # centred: no cancellation
+    return h.clamp_min(0.0), var.clamp_min(0.0), logp, p
+
+
+def free_energy(scores: Tensor, temperature: float, kept: Tensor | None = None) -> float:
+    """Free energy ``F = -T log sum_{w in kept} exp(s(w)/T)`` of a set, energies ``U = -s``.
+
+    Equals ``<U> - T·H`` of the Boltzmann distribution on the set. ``T = 0`` gives ``min U``.
+
+    >>> free_energy(torch.tensor([2.0, 1.0]), 0.0)
+    -2.0
+    """
+    s = scores.float()
+    if kept is not None:
+        s = s.masked_fill(~kept, NEG_INF)
+    if temperature == 0.0:
+        return float(-s.max())
+    return float(-temperature * torch.logsumexp(s / temperature, -1))
+
+
+def adaptive_temperature(
+    params: PruneParams, scores: Tensor, entropy: float | None = None
+) -> float:
+    """Effective temperature for this step from the entropy of ``softmax(scores)`` (nats).
+
+    - ``target`` (seed §5.2): ``T = clip(T0 + sign·gain·(H - H*), t_min, t_max)``;
+      ``sign=-1`` cools when the model is unsure (stable long text), ``+1`` heats
+      (exploration).
+    - ``edt``: ``T = T0 · N^(θ/H)`` (Zhang et al. 2024), ``0 < N < 1``.
+    - ``dynatemp`` (llama.cpp): ``T = T_lo + (T_hi - T_lo)·(H/ln n)^exponent`` with
+      ``T_lo = max(0, T0 - range)``, ``T_hi = T0 + range``, ``n`` finite candidates.
+    - ``none``/``mirostat``: ``T0``.
+
+    >>> p = PruneParams(adaptive="target", target_entropy=0.0, controller_gain=0.1)
+    >>> round(adaptive_temperature(p, torch.zeros(4)), 4)  # H = ln 4: cooled by 0.1·ln 4
+    0.8614
+    """
+    t0 = params.temperature
+    mode = params.adaptive
+    if mode in ("none", "mirostat") or t0 == 0.0:
+        return t0
+    h = float(entropy_stats(scores)[0]) if entropy is None else entropy
+    if mode == "target":
+        t = t0 + params.controller_sign * params.controller_gain * (h - params.target_entropy)
+        return min(max(t, params.adaptive_t_min), params.adaptive_t_max)
+    if mode == "edt":
+        if h <= 1e-12:
+            return 0.0
+        return t0 * params.edt_n ** (params.edt_theta / h)
+    # dynatemp
+    n = int(torch.isfinite(scores).sum())
+    if n <= 1:
+        return t0
+    lo, hi = max(0.0, t0 - params.dynatemp_range), t0 + params.dynatemp_range
+    norm_h = min(h / math.log(n), 1.0)
+    return lo + (hi - lo) * norm_h**params.dynatemp_exponent
