@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from semviz import charts
-from ui import analysis, page, views
+from semviz import charts, gravity
+from ui import page, views
 from ui.errors import guard
 
 WINDOW = 256  # context positions shown unbinned when windowing a long context
@@ -61,9 +61,11 @@ if page.need_trace(ctx):
     dec = ctx.decoder
     if params is None or dec is None:
         st.info("Fix the sampling settings to see the gravity terms.")
+    elif params.gravity_kind == "contrast":
+        st.info("Contrast gravity compares two forwards, so it has no per-token terms.")
     else:
         with guard("computing gravity terms"):
-            pos, terms = analysis.gravity_terms(
+            pos, terms = gravity.gravity_terms(
                 dec.lm.model, tr, i, rec.token_id, params, hidden=dec.hidden
             )
             labels = ctx.context_labels(pos.tolist())

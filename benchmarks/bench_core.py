@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import semviz  # noqa: E402
 from semviz.gravity import (  # noqa: E402
+    GravityContext,
+    context_pull,
     gravity_for_step,
     logits_and_gravity,
     normalize_gravity,
-    pull_for_step,
 )
 from semviz.sampling import PruneParams, SamplerState, choose, prune  # noqa: E402
 
@@ -120,7 +121,7 @@ def main() -> None:
             head(h_last[None])
 
         def fused(ids, attn):
-            pull = pull_for_step(model, params, context_ids=ids, attention=attn)  # (d,)
+            pull = context_pull(model, params, GravityContext(ids=ids, attention=attn)).pull  # (d,)
             lg, g = logits_and_gravity(model, h_last, pull, "embedding", "cosine")
             return lg, normalize_gravity(g)
 

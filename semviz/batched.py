@@ -217,6 +217,7 @@ def processor_chain(
     hidden_sink=None,
     pad_token_id: int | None = None,
     eos_token_ids: Sequence[int] = (),
+    tokenizer=None,
 ) -> LogitsProcessorList:
     """``[RawLogProb, NarrativeGravityLogitsProcessor (when λ ≠ 0), SeededSampler]``.
 
@@ -232,25 +233,15 @@ def processor_chain(
             )
         from semviz.processors import NarrativeGravityLogitsProcessor
 
-        base = PruneParams()
-        kw = {"mass": params.gravity_mass}
-        extra = {
-            "sim": "gravity_sim", "space": "gravity_space", "mode": "gravity_mode",
-            "rerank_k": "rerank_k", "layers": "gravity_layers", "heads": "gravity_heads",
-            "ema_decay": "ema_decay",
-        }  # fmt: skip
-        for arg, name in extra.items():
-            if getattr(params, name) != getattr(base, name):
-                kw[arg] = getattr(params, name)
         procs.append(
-            NarrativeGravityLogitsProcessor(
+            NarrativeGravityLogitsProcessor.from_params(
                 model,
-                params.gravity_lambda,
+                params,
+                tokenizer=tokenizer,
                 attention_sink=attention_sink,
                 hidden_sink=hidden_sink,
                 pad_token_id=pad_token_id,
-                **kw,
-            )  # fmt: skip
+            )
         )
     rest = params.replace(gravity_lambda=0.0, gravity_mode="full")
     procs.append(SeededSampler(list(seeds), rest, eos_token_ids=eos_token_ids))
@@ -295,15 +286,15 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[Tensor, Tensor]:
 
 def _sinks(model, params: PruneParams):
     """Context managers for what gravity needs from the forward (attention, hidden states)."""
+    from semviz.gravity import reads_attention, reads_hidden
     from semviz.processors import capture_attention, capture_hidden
 
     stack = contextlib.ExitStack()
     att = hid = None
-    if params.gravity_lambda != 0.0:
-        if params.gravity_mass in ("attention", "ema"):
-            att = stack.enter_context(capture_attention(model))
-        if params.gravity_space == "hidden":
-            hid = stack.enter_context(capture_hidden(model))
+    if reads_attention(params):
+        att = stack.enter_context(capture_attention(model))
+    if reads_hidden(params):
+        hid = stack.enter_context(capture_hidden(model))
     return stack, att, hid
 
 
@@ -350,7 +341,7 @@ def generate_batch(
     with stack, torch.inference_mode():
         chain = processor_chain(
             model, params, seeds, attention_sink=att, hidden_sink=hid, pad_token_id=pad,
-            eos_token_ids=eos,
+            eos_token_ids=eos, tokenizer=lm.tokenizer,
         )  # fmt: skip
         ticks = _Ticks(on_token, should_stop, chain[0])
         out = model.generate(

@@ -150,6 +150,8 @@ class Decoder:
             )
         enable_capture(lm.model)
         tok = lm.tokenizer
+        # which prompt positions are template, system prompt or the user's text (gravity)
+        self.prompt_roles = gravity.prompt_roles(tok, self.prompt_ids)
         eos = getattr(lm.model.generation_config, "eos_token_id", None)
         if eos is None:
             eos = tok.eos_token_id
@@ -171,8 +173,8 @@ class Decoder:
         ]
         self._hidden_buf: torch.Tensor | None = None  # (capacity, d), grown by doubling
         self._hidden_len = 0
-        self.attn_ema: torch.Tensor | None = None  # (T,) EMA of mean last-query attention
-        self._ema_memo: tuple | None = None
+        # (T,) gravity's attention EMA by absolute position (mass "ema"), kept by _head
+        self.attn_ema: torch.Tensor | None = None
         self.done = False
         self.stop_reason: str | None = None
         self._snapshots: list[_Snapshot] = []
@@ -185,6 +187,7 @@ class Decoder:
             prompt_ids=list(self.prompt_ids),
             prompt_tokens=tokens,
         )
+        self.trace.extra["prompt_roles"] = self.prompt_roles.tolist()  # replay's gravity reads it
         if self.eviction is not None:
             self.eviction.reset(self)
             self.trace.settings["eviction"] = self.eviction.to_dict()
@@ -241,51 +244,59 @@ class Decoder:
     def _head(
         self, h: torch.Tensor, attention: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        """Logits for the last position, normalised gravity when it is on, and the seconds
-        spent on gravity's own work (everything but the shared matmul). (V,), (V,), float
+        """Logits for the last position, gravity ``G`` when it is on, and the seconds spent
+        on gravity's own work (everything but the model's share). (V,), (V,) or None, float
 
-        Gravity's (V, d) product shares the LM head's pass over its weight when the
-        candidate matrix is that weight (tied embeddings, or the hidden space), so the whole
+        A pull's (V, d) product shares the LM head's pass over its weight when the candidate
+        matrix is that weight (tied embeddings, or the hidden spaces), so the whole
         vocabulary's G costs one extra row of a matmul that is bound by reading the weight.
         """
         model, p = self.lm.model, self.params
         if p.gravity_lambda == 0:
             return model.get_output_embeddings()(h[-1:])[0].float(), None, 0.0
         t0 = time.perf_counter()
+        ids = torch.tensor(self.ids, dtype=torch.long)  # (T,)
+        if p.gravity_kind == "contrast":
+            t1 = time.perf_counter()
+            logits = model.get_output_embeddings()(h[-1:])[0].float()  # (V,)
+            t_model = time.perf_counter() - t1
+            g = gravity.contrast_gravity(logits, self._short_logits())  # (V,)
+            g = gravity.finish_gravity(model, g, p, ids)
+            return logits, g, time.perf_counter() - t0 - t_model
         pos = self.union_positions()  # (S,) the context this query read
-        ids = torch.tensor(self.ids, dtype=torch.long)[pos]  # (S,)
         hidden = None
-        if p.gravity_space == "hidden":
+        if p.gravity_space != "embedding":
             prev = self.hidden
-            allh = h.float() if prev is None else torch.cat([prev, h.float()])  # (T, d)
-            hidden = allh[pos]  # (S, d)
-        att = None
-        if p.gravity_mass == "ema":
-            # the decoder's own EMA, kept by absolute position so eviction cannot misalign it;
-            # it already holds this forward's attention (see _ema_with)
-            att = self._ema_with(attention)[pos].view(1, 1, -1)  # (1, 1, S)
-            p = p.replace(gravity_mass="attention", gravity_layers=None, gravity_heads=None)
-        elif p.gravity_mass == "attention":
-            att = self._attention_on(attention, pos)  # (L, H, S)
+            hidden = h.float() if prev is None else torch.cat([prev, h.float()])  # (T, d)
+        att = None if attention is None else self._attention_on(attention, pos)  # (L, H, S)
+        ctx = gravity.GravityContext(
+            ids=ids, positions=pos, roles=self.prompt_roles, attention=att, hidden=hidden,
+            ema=self.attn_ema,
+        )  # fmt: skip
+        cp = gravity.context_pull(model, p, ctx)
+        if cp.ema is not None:
+            self.attn_ema = cp.ema  # (T,) by absolute position, so eviction cannot misalign it
         if gravity.fuses_with_lm_head(model, p.gravity_space):
-            pull = gravity.pull_for_step(
-                model, p, context_ids=ids, attention=att, hidden=hidden
-            )  # (d,)
             t1 = time.perf_counter()
             logits, g = gravity.logits_and_gravity(
-                model, h[-1], pull, p.gravity_space, p.gravity_sim
+                model, h[-1], cp.pull, p.gravity_space, p.gravity_sim
             )
-            t2 = time.perf_counter()
-            t_model = (t2 - t1) / 2  # one of the matmul's two rows is the model's own
+            t_model = (time.perf_counter() - t1) / 2  # one of the matmul's two rows is the model's
         else:
             t1 = time.perf_counter()
             logits = model.get_output_embeddings()(h[-1:])[0].float()
             t_model = time.perf_counter() - t1
-            g = gravity.gravity_for_step(
-                model, p, context_ids=ids, attention=att, hidden=hidden, normalize=False
-            )
-        g = gravity.normalize_gravity(g.float())  # (V,)
+            g = gravity.project(model, cp.pull[None], p.gravity_space, p.gravity_sim)[0]
+        g = gravity.finish_gravity(model, g, p, ids)  # (V,) z-scored, copies guarded
         return logits, g, time.perf_counter() - t0 - t_model
+
+    def _short_logits(self) -> torch.Tensor:
+        """Logits after only the last ``gravity_contrast_k`` tokens, read as a fresh text. (V,)
+
+        Coherence boosting's second forward: no cache, so it costs a prefill of k tokens.
+        """
+        window = torch.tensor(self.ids[-self.params.gravity_contrast_k :], dtype=torch.long)
+        return gravity.short_window_logits(self.lm.model, window)[0]
 
     @property
     def hidden(self) -> torch.Tensor | None:
@@ -306,52 +317,15 @@ class Decoder:
 
     def _needs_attention(self) -> bool:
         p = self.params
-        return self.eviction is not None or (
-            p.gravity_lambda != 0 and p.gravity_mass in ("attention", "ema")
-        )
+        return self.eviction is not None or gravity.reads_attention(p)
 
     def _after_forward(self, fw: _Forward) -> None:
-        """Bookkeeping after a forward: hidden states, attention EMA, eviction."""
+        """Bookkeeping after a forward: hidden states, eviction."""
         self._append_hidden(fw.hidden)
-        if fw.attention is not None:
-            self.attn_ema = self._ema_with(fw.attention)
         if self.eviction is not None and fw.attention is not None:
             self._pending_eviction = self.eviction.after_forward(self, fw.attention)
         else:
             self._pending_eviction = None
-
-    def _ema_with(self, attention: torch.Tensor) -> torch.Tensor:
-        """The attention EMA after folding in ``attention`` (L, H, S). (T,) by position."""
-        if self._ema_memo is not None and self._ema_memo[0] is attention:
-            return self._ema_memo[1]
-        att = attention
-        if self.params.gravity_layers is not None:
-            att = att[list(self.params.gravity_layers)]
-        if self.params.gravity_heads is not None:
-            att = att[:, list(self.params.gravity_heads)]
-        mean = self._attention_by_position(att)  # (T,)
-        if self.attn_ema is None:
-            ema = mean
-        else:
-            d = float(self.params.ema_decay)
-            old = torch.zeros_like(mean)
-            old[: self.attn_ema.numel()] = self.attn_ema
-            ema = d * old + (1.0 - d) * mean
-        self._ema_memo = (attention, ema)
-        return ema
-
-    def _attention_by_position(self, attention: torch.Tensor) -> torch.Tensor:
-        """Mean over (the gravity-selected) layers and heads, by absolute position. (T,)"""
-        total = len(self.ids)
-        L = attention.shape[0]
-        if all(p.numel() == total for p in self.positions):  # nothing evicted
-            return attention[:, :, :total].mean((0, 1)).cpu()
-        out = torch.zeros(total, dtype=torch.float32)
-        layer_ids = self.params.gravity_layers or range(L)
-        for i, layer in enumerate(layer_ids):
-            pos = self.positions[layer]
-            out.index_add_(0, pos, attention[i, :, : pos.numel()].mean(0).cpu())
-        return out / L
 
     def union_positions(self, layer_positions: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Sorted original positions held by any layer (now, or in ``layer_positions``). (S,)"""

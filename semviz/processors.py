@@ -30,18 +30,15 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
+from semviz import gravity as grav
 from semviz import sampling as core
-from semviz.gravity import (
-    candidate_matrix,
-    context_mass,
-    normalize_gravity,
-    pull_vector,
-)
+from semviz.gravity import in_side_forward
 from semviz.sampling import LN2, PruneParams, adaptive_temperature, get_filter, mirostat_mask
 
 __all__ = [
@@ -466,6 +463,8 @@ class HiddenSink:
     chunks: list[Tensor] = field(default_factory=list)
 
     def add(self, h: Tensor) -> None:
+        if in_side_forward():  # gravity's own forwards (short window, info prior) are not the text
+            return
         self.chunks.append(h.detach().float())
         self.hidden = None
 
@@ -534,13 +533,72 @@ def capture_attention(model: torch.nn.Module) -> Iterator:
         handle.remove()
 
 
-class NarrativeGravityLogitsProcessor(LogitsProcessor):
-    """Adds ``λ·Ĝ`` to ``log_softmax(scores)``: ``Ĝ`` is z-scored narrative gravity.
+# keyword -> PruneParams field, for the gravity processor's arguments
+_GRAVITY_ARGS = {
+    "kind": "gravity_kind",
+    "mass": "gravity_mass",
+    "sim": "gravity_sim",
+    "space": "gravity_space",
+    "mode": "gravity_mode",
+    "rerank_k": "rerank_k",
+    "layers": "gravity_layers",
+    "heads": "gravity_heads",
+    "ema_decay": "ema_decay",
+    "anchor": "gravity_anchor",
+    "window": "gravity_window",
+    "sinks": "gravity_sinks",
+    "skip_template": "gravity_skip_template",
+    "ngram": "gravity_ngram",
+    "copy_cos": "gravity_copy_cos",
+    "attract_only": "gravity_attract_only",
+    "floor": "gravity_floor",
+    "contrast_k": "gravity_contrast_k",
+}
 
-    ``G(w) = Σ_i m_i·sim(w, t_i)`` over the context in ``input_ids``, computed per row as one
-    ``(V, d) @ (d,)`` product. With ``space="embedding"`` and mass ``uniform``/``idf``/``norm``
-    everything comes from ``input_ids`` and the model's input embedding, so it works in
-    ``generate`` as is. Two kinds of mass or space need what the forward pass saw:
+
+@dataclass
+class _Row:
+    """One batch row's gravity state inside a ``generate`` call."""
+
+    pad: int  # left-padding positions before the row's first real token
+    roles: Tensor  # (P,) prompt roles (semviz.gravity.prompt_roles)
+    ema: Tensor | None = None  # (T,) attention EMA by the row's own positions
+    pull: Tensor | None = None  # (d,) last pull, and its raw G, reused while it is unchanged
+    raw: Tensor | None = None  # (V,)
+
+
+class _Embedding(torch.nn.Module):
+    """A bare embedding matrix dressed as a model, for gravity without an LM (tests, demos)."""
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding.from_pretrained(weight.detach(), freeze=True)
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.embed
+
+    def get_output_embeddings(self) -> None:
+        return None
+
+
+class NarrativeGravityLogitsProcessor(LogitsProcessor):
+    """Adds ``λ·G`` to ``log_softmax(scores)``: narrative gravity inside ``model.generate``.
+
+    Every argument left ``None`` takes :class:`~semviz.sampling.PruneParams`' default, so
+    ``NarrativeGravityLogitsProcessor(lm, 0.5)`` is the default gravity at λ 0.5 (coherence
+    boosting; with only an ``embedding`` matrix, a pull), and each
+    row's ``G`` is the one the :class:`~semviz.decoding.Decoder` computes for the same context
+    (:func:`semviz.gravity.context_pull`). See :mod:`semviz.gravity` for the kinds, anchors,
+    mass sources and spaces. ``from_params`` builds one from a ``PruneParams``.
+
+    Batches: rows may be left-padded. Padding is the leading run of ``pad_token_id`` in the
+    first call's ``input_ids`` (pass ``attention_mask`` to say it exactly). Per-row state
+    (prompt roles, the attention EMA) starts on a call whose ``input_ids`` did not grow by
+    one token, i.e. at each new ``generate``. Pass ``tokenizer`` (or a ``LoadedModel`` as
+    ``model``) so that chat-template tokens and the system prompt are recognised; without
+    it only the model's bos/eos/pad ids are.
+
+    Two kinds of mass or space need what the forward pass saw:
 
     - ``mass="attention"`` / ``"ema"``: pass ``attention_sink`` from
       :func:`capture_attention`::
@@ -550,141 +608,204 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
                                                      attention_sink=sink)
               model.generate(ids, do_sample=True, logits_processor=[proc])
 
-    - ``space="hidden"``: pass ``hidden_sink`` from :func:`capture_hidden`.
+    - ``space="hidden"`` / ``"contextual"``: pass ``hidden_sink`` from :func:`capture_hidden`.
 
-    ``mode="rerank"`` keeps only the top ``rerank_k`` raw candidates (others get
-    ``filter_value``) and reranks them; ``mode="full"`` adjusts the whole vocabulary.
-    Tokens equal to ``pad_token_id`` are left out of the context.
+    ``kind="contrast"`` (coherence boosting) runs the model on each row's last
+    ``contrast_k`` tokens at every step. ``mode="rerank"`` keeps only the top ``rerank_k``
+    raw candidates (others get ``filter_value``); ``mode="full"`` adjusts the whole
+    vocabulary.
 
     Examples
     --------
     >>> import torch
     >>> emb = torch.eye(4)  # token i points along axis i
-    >>> proc = NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="uniform")
+    >>> proc = NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="uniform",
+    ...                                        anchor="context", sinks=0, ngram=0, copy_cos=0)
     >>> out = proc(torch.tensor([[2, 2]]), torch.zeros(1, 4))
-    >>> int(out.argmax())  # the context pulls towards token 2
+    >>> int(out.argmax())  # the context pulls towards token 2 (no copy guard: it is token 2)
     2
     """
 
     def __init__(
         self,
-        model: torch.nn.Module | None = None,
+        model: Any = None,
         gravity_lambda: float = 0.5,
         *,
         embedding: Tensor | None = None,
-        mass: str = "uniform",
-        sim: str = "cosine",
-        space: str = "embedding",
-        mode: str = "full",
-        rerank_k: int = 64,
+        tokenizer: Any = None,
+        kind: str | None = None,
+        mass: str | None = None,
+        sim: str | None = None,
+        space: str | None = None,
+        mode: str | None = None,
+        rerank_k: int | None = None,
         layers: tuple[int, ...] | None = None,
         heads: tuple[int, ...] | None = None,
-        ema_decay: float = 0.9,
+        ema_decay: float | None = None,
+        anchor: str | None = None,
+        window: int | None = None,
+        sinks: int | None = None,
+        skip_template: bool | None = None,
+        ngram: int | None = None,
+        copy_cos: float | None = None,
+        attract_only: bool | None = None,
+        floor: float | None = None,
+        contrast_k: int | None = None,
         attention_sink=None,
         hidden_sink: HiddenSink | None = None,
         pad_token_id: int | None = None,
+        attention_mask: Tensor | None = None,
         filter_value: float = -float("inf"),
         min_tokens_to_keep: int = 1,
     ) -> None:
+        if hasattr(model, "model") and hasattr(model, "tokenizer"):  # a semviz LoadedModel
+            tokenizer = model.tokenizer if tokenizer is None else tokenizer
+            model = model.model
         if model is None and embedding is None:
             raise ValueError("`model` or `embedding` is required")
+        if model is None and kind is None:
+            kind = "pull"  # a bare embedding matrix can only pull: contrast needs the LM
         if not isinstance(gravity_lambda, (int, float)) or not math.isfinite(gravity_lambda):
             raise ValueError(f"`gravity_lambda` has to be a finite float, got {gravity_lambda!r}")
+        given = dict(
+            kind=kind, mass=mass, sim=sim, space=space, mode=mode, rerank_k=rerank_k,
+            layers=tuple(layers) if layers is not None else None,
+            heads=tuple(heads) if heads is not None else None,
+            ema_decay=ema_decay, anchor=anchor, window=window, sinks=sinks,
+            skip_template=skip_template, ngram=ngram, copy_cos=copy_cos,
+            attract_only=attract_only, floor=floor, contrast_k=contrast_k,
+        )  # fmt: skip
+        kw = {_GRAVITY_ARGS[k]: v for k, v in given.items() if v is not None}
         self.params = _params(
-            gravity_lambda=float(gravity_lambda),
-            gravity_mass=mass,
-            gravity_sim=sim,
-            gravity_space=space,
-            gravity_mode=mode,
-            rerank_k=rerank_k,
-            gravity_layers=tuple(layers) if layers is not None else None,
-            gravity_heads=tuple(heads) if heads is not None else None,
-            ema_decay=float(ema_decay),
-            min_tokens_to_keep=min_tokens_to_keep,
+            gravity_lambda=float(gravity_lambda), min_tokens_to_keep=min_tokens_to_keep, **kw
         )
-        if space == "hidden" and hidden_sink is None:
-            raise ValueError("`hidden_sink` is required for space='hidden' (see capture_hidden)")
-        if space == "hidden" and model is None:
-            raise ValueError("`model` is required for space='hidden' (its lm_head rows)")
-        if mass in ("attention", "ema") and attention_sink is None:
-            raise ValueError(f"`attention_sink` is required for mass={mass!r}")
-        self.model, self.embedding = model, embedding
-        self.attention_sink, self.hidden_sink = attention_sink, hidden_sink
-        self.pad_token_id = pad_token_id
-        self.filter_value = float(filter_value)
-        self._ema: list[Tensor | None] = []
-        self._unit_cache: Tensor | None = None
-        self.last_gravity: Tensor | None = None  # (B, V) normalised G of the last call
-
-    def _cand(self) -> Tensor:
         p = self.params
-        if self.model is not None:
-            return candidate_matrix(self.model, p.gravity_space, p.gravity_sim)
-        if self._unit_cache is None:
-            e = self.embedding.detach().float()
-            self._unit_cache = (
-                e / e.norm(dim=-1, keepdim=True).clamp_min(1e-8) if p.gravity_sim == "cosine" else e
+        if grav.reads_hidden(p) and hidden_sink is None:
+            raise ValueError(
+                f"`hidden_sink` is required for space={p.gravity_space!r} (see capture_hidden)"
             )
-        return self._unit_cache
+        needs_lm = p.gravity_space != "embedding" or p.gravity_kind == "contrast"
+        if model is None and p.gravity_lambda != 0 and (needs_lm or p.gravity_mass == "info"):
+            raise ValueError(
+                "`model` is required for mass='info', the hidden spaces and kind='contrast'"
+            )
+        if grav.reads_attention(p) and attention_sink is None:
+            raise ValueError(f"`attention_sink` is required for mass={p.gravity_mass!r}")
+        self.model, self.embedding, self.tokenizer = model, embedding, tokenizer
+        self.attention_sink, self.hidden_sink = attention_sink, hidden_sink
+        if pad_token_id is None and tokenizer is not None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+        if pad_token_id is None and model is not None:
+            pad_token_id = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+        self.pad_token_id = pad_token_id
+        self.attention_mask = attention_mask
+        self.filter_value = float(filter_value)
+        self._rows: list[_Row] = []
+        self._len = -1
+        self.last_gravity: Tensor | None = None  # (B, V) G of the last call
 
-    def _embed(self) -> Tensor:
-        if self.embedding is not None:
-            return self.embedding
-        return self.model.get_input_embeddings().weight
+    @classmethod
+    def from_params(cls, model: Any, params: PruneParams, **kw) -> NarrativeGravityLogitsProcessor:
+        """The processor for ``params``' gravity (λ, kind, mass, anchor, …); ``kw`` as in
+        ``__init__`` (sinks for attention and hidden states, ``tokenizer``, padding)."""
+        args = {k: getattr(params, f) for k, f in _GRAVITY_ARGS.items()}
+        args.update(kw)
+        return cls(
+            model, params.gravity_lambda, min_tokens_to_keep=params.min_tokens_to_keep, **args
+        )
 
-    def gravity(self, input_ids: Tensor) -> Tensor:
-        """Normalised gravity ``(B, V_model)`` for each row of ``input_ids`` (B, N)."""
+    def _source(self) -> torch.nn.Module:
+        if self.model is None:
+            self.model_for_embedding = getattr(self, "model_for_embedding", None) or _Embedding(
+                self.embedding
+            )
+            return self.model_for_embedding
+        return self.model
+
+    def _new_rows(self, input_ids: Tensor) -> list[_Row]:
+        B, N = input_ids.shape
+        special = grav._model_special_ids(self.model) if self.model is not None else []
+        rows = []
+        for b in range(B):
+            ids = input_ids[b].long().cpu()
+            if self.attention_mask is not None and self.attention_mask.shape == input_ids.shape:
+                pad = int(N - self.attention_mask[b].long().sum())
+            elif self.pad_token_id is not None:
+                real = (ids != self.pad_token_id).nonzero()
+                pad = int(real[0, 0]) if real.numel() else N
+            else:
+                pad = 0
+            roles = grav.prompt_roles(self.tokenizer, ids[pad:], special_ids=special)
+            rows.append(_Row(pad=pad, roles=roles))
+        return rows
+
+    def gravity(self, input_ids: Tensor, scores: Tensor | None = None) -> Tensor:
+        """``G`` ``(B, V)`` for each row of ``input_ids`` (B, N); ``scores`` for kind contrast."""
         p = self.params
-        B = input_ids.shape[0]
+        B, N = input_ids.shape
+        if len(self._rows) != B or N != self._len + 1:
+            self._rows = self._new_rows(input_ids)
+        self._len = N
+        if p.gravity_kind == "contrast":
+            return self._contrast(input_ids, scores)
         attn = None
         if p.gravity_mass in ("attention", "ema"):
             attn = self.attention_sink.stacked().float()  # (L, B, H, S)
-        hidden = self.hidden_sink.get() if self.hidden_sink is not None else None  # (B, N, d)
-        if len(self._ema) != B:
-            self._ema = [None] * B
-        pulls = []
-        for b in range(B):
-            ids = input_ids[b].long()  # (N,)
-            keep = torch.ones_like(ids, dtype=torch.bool)
-            if self.pad_token_id is not None:
-                keep = ids != self.pad_token_id
-            if p.gravity_space == "embedding":
-                ctx = self._embed()[ids[keep]].detach().float()  # (N', d)
-            else:
-                h = hidden[b]
-                if h.shape[0] != ids.shape[0]:
-                    raise ValueError(
-                        f"hidden_sink holds {h.shape[0]} positions but input_ids has {ids.shape[0]}: "
-                        "open capture_hidden around this generate call only"
-                    )
-                ctx = h[keep]
-            a = None
-            if attn is not None:
-                a = attn[:, b][..., -ids.shape[0] :][..., keep]  # (L, H, N')
-            m = context_mass(
-                p.gravity_mass,
-                attention=a,
-                layers=p.gravity_layers,
-                heads=p.gravity_heads,
-                ema=self._ema[b],
-                ema_decay=p.ema_decay,
-                context_ids=ids[keep],
-                embed=self._embed() if p.gravity_mass == "norm" else None,
-                n=ctx.shape[0],
-            )  # (N',)
-            if p.gravity_mass == "ema":
-                self._ema[b] = m
-            pulls.append(pull_vector(ctx, m, p.gravity_sim))  # (d,)
-        v = torch.stack(pulls)  # (B, d)
-        g = v @ self._cand().T  # (B, V)
-        return normalize_gravity(g)
+            if attn.shape[-1] != N:
+                raise ValueError(
+                    f"attention_sink holds {attn.shape[-1]} positions but input_ids has {N}: "
+                    "open capture_attention around this generate call only"
+                )
+        hidden = None
+        if p.gravity_space != "embedding":
+            hidden = self.hidden_sink.get()  # (B, N, d)
+            if hidden is None or hidden.shape[1] != N:
+                got = 0 if hidden is None else hidden.shape[1]
+                raise ValueError(
+                    f"hidden_sink holds {got} positions but input_ids has {N}: "
+                    "open capture_hidden around this generate call only"
+                )
+        out = []
+        for b, row in enumerate(self._rows):
+            ids = input_ids[b, row.pad :].long().cpu()  # (T,) the row without its padding
+            ctx = grav.GravityContext(
+                ids=ids,
+                roles=row.roles,
+                attention=None if attn is None else attn[:, b, :, row.pad :],  # (L, H, T)
+                hidden=None if hidden is None else hidden[b, row.pad :],  # (T, d)
+                ema=row.ema,
+            )
+            cp = grav.context_pull(self._source(), p, ctx)
+            row.ema = cp.ema
+            if row.pull is None or not torch.equal(row.pull, cp.pull):
+                # a prompt-anchored pull does not change: its (V, d) product runs once
+                row.pull = cp.pull
+                row.raw = grav.project(
+                    self._source(), cp.pull[None], p.gravity_space, p.gravity_sim
+                )[0]
+            out.append(grav.finish_gravity(self._source(), row.raw, p, ids))  # (V,)
+        return torch.stack(out)  # (B, V)
+
+    def _contrast(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        """Coherence boosting: ``log P(w|C) - log P(w|last k tokens)`` per row. (B, V)"""
+        k = self.params.gravity_contrast_k
+        rows = [input_ids[b, row.pad :].long().cpu() for b, row in enumerate(self._rows)]
+        wins = [r[-k:] for r in rows]
+        if len({w.numel() for w in wins}) == 1:
+            short = grav.short_window_logits(self.model, torch.stack(wins))  # (B, V)
+        else:  # rows shorter than k: one forward each
+            short = torch.cat([grav.short_window_logits(self.model, w) for w in wins])
+        g = grav.contrast_gravity(scores.float().cpu(), short[:, : scores.shape[-1]])  # (B, V)
+        return torch.stack(
+            [grav.finish_gravity(self.model, g[b], self.params, r) for b, r in enumerate(rows)]
+        )
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         p = self.params
         if p.gravity_lambda == 0.0 and p.gravity_mode == "full":
             return scores.clone()  # λ = 0 is the identity
         x = scores.float()  # (B, V)
-        g = self.gravity(input_ids).to(x.device)  # (B, V_model)
+        g = self.gravity(input_ids, x).to(x.device)  # (B, V_model)
         V = x.shape[-1]
         if g.shape[-1] < V:
             g = torch.nn.functional.pad(g, (0, V - g.shape[-1]))

@@ -7,10 +7,12 @@ changed choice comes from the settings alone. The first step whose choice change
 point where "regenerate from here" would continue.
 
 Gravity needs the context's vectors. When the settings ask for a gravity the trace did not
-record (λ was 0, or another mass source / similarity / space), it is recomputed over the
-recorded candidates from the recorded attention and the model's embedding matrix: one
-``(V, d) @ (d, n)`` product for all steps, cached per gravity configuration. Without a model,
-the recorded gravity is used and the result says so in ``note``.
+record (λ was 0, or another kind / mass source / anchor / space), it is recomputed over the
+recorded candidates through the live run's own :func:`semviz.gravity.context_pull`, from the
+recorded attention, prompt roles and the model's embeddings: one ``(V, d)`` product per
+distinct pull vector (a prompt-anchored pull is one for the whole trace), cached per gravity
+configuration. Contrast gravity reruns each step's short forward. Without a model, the
+recorded gravity is used and the result says so in ``note``.
 
 Examples
 --------
@@ -40,7 +42,7 @@ from semviz import sampling
 from semviz.sampling import PruneParams, PruneResult, check_model_shape
 from semviz.trace import Trace
 
-_GRAVITY_KEYS = ("gravity_mass", "gravity_sim", "gravity_space", "gravity_layers", "gravity_heads")
+_GRAVITY_KEYS = grav.GRAVITY_FIELDS
 
 
 @dataclass
@@ -78,11 +80,6 @@ def _recorded_gravity_config(trace: Trace) -> dict:
     return out
 
 
-def _context_ids(trace: Trace, i: int) -> torch.Tensor:
-    """Ids of the sequence before step ``i`` (prompt + earlier picks). (N,)"""
-    return torch.tensor(trace.prompt_ids + [s.token_id for s in trace.steps[:i]], dtype=torch.long)
-
-
 def recompute_gravity(
     model: torch.nn.Module,
     trace: Trace,
@@ -90,48 +87,48 @@ def recompute_gravity(
     hidden: torch.Tensor | None = None,
     upto: int | None = None,
 ) -> list[torch.Tensor | None]:
-    """Normalised gravity over each step's recorded candidates, for ``params``. [(K,)]
+    """``G`` over each step's recorded candidates, for ``params``. [(K,)]
 
-    ``hidden`` (T, d) final normed hidden states (the live decoder's) are needed for
-    ``gravity_space="hidden"``; without them the embedding space is used.
+    Every step's context goes through :func:`semviz.gravity.context_pull` as in the live
+    run, so at the recorded settings this is the gravity the run recorded. ``hidden``
+    (T, d) final normed hidden states (the live decoder's) are needed for the hidden
+    spaces; without them the embedding space is used. Kind ``contrast`` runs the short
+    forward of each step (the long one's log-probabilities are the recorded ones).
     """
     steps = trace.steps[: upto if upto is not None else len(trace.steps)]
     if not steps:
         return []
-    space = params.gravity_space if hidden is not None else "embedding"
-    cand = grav.candidate_matrix(model, space, params.gravity_sim)  # (V, d)
-    pulls = []
-    ema = None
-    for i, rec in enumerate(steps):
-        pos = rec.cache_positions.long()  # (S,)
-        ids = _context_ids(trace, i)[pos.clamp(max=len(trace.prompt_ids) + i - 1)]  # (S,)
-        if space == "hidden":
-            ctx = hidden[pos.clamp(max=hidden.shape[0] - 1)].float()  # (S, d)
-        else:
-            ctx = grav.context_vectors(model, "embedding", context_ids=ids)  # (S, d)
-        att = rec.attention.float() if rec.attention is not None else None  # (L, H, S)
-        source = params.gravity_mass
-        if source in ("attention", "ema") and att is None:
-            source = "uniform"
-        mass = grav.context_mass(
-            source,
-            attention=att,
-            layers=params.gravity_layers,
-            heads=params.gravity_heads,
-            ema=ema,
-            ema_decay=params.ema_decay,
-            context_ids=ids,
-            embed=model.get_input_embeddings().weight if source == "norm" else None,
-            vectors=ctx if source == "norm" and space == "embedding" else None,
-            n=ctx.shape[0],
-        )  # (S,)
-        if source == "ema":
-            ema = mass
-        pulls.append(grav.pull_vector(ctx, mass, params.gravity_sim))  # (d,)
+    if params.gravity_space != "embedding" and hidden is None:
+        params = params.replace(gravity_space="embedding")
+    if params.gravity_kind == "contrast":
+        return [_contrast_on_record(model, trace, params, i) for i in range(len(steps))]
+    pulls = grav.trace_pulls(model, params, trace, hidden=hidden, upto=len(steps))
+    index: dict[bytes, int] = {}  # a prompt-anchored pull repeats: project each one once
+    uniq: list[torch.Tensor] = []
+    for cp in pulls:
+        key = cp.pull.numpy().tobytes()
+        if key not in index:
+            index[key] = len(uniq)
+            uniq.append(cp.pull)
     with torch.inference_mode():
-        g = cand @ torch.stack(pulls, 1)  # (V, n) one product for every step
-        g = grav.normalize_gravity(g.T)  # (n, V) z-scored over the vocabulary
-    return [g[i, rec.cand_ids.long()].float() for i, rec in enumerate(steps)]
+        raw = grav.project(model, torch.stack(uniq), params.gravity_space, params.gravity_sim)
+        z = [grav.normalize_gravity(r) for r in raw]  # each (V,), z-scored as live
+    out = []
+    for i, (rec, cp) in enumerate(zip(steps, pulls, strict=True)):
+        cand = rec.cand_ids.long()
+        g = z[index[cp.pull.numpy().tobytes()]][cand]  # (K,)
+        ids = grav.trace_context(trace, i).ids
+        out.append(grav.finish_gravity(model, g, params, ids, cand, normalize=False))
+    return out
+
+
+def _contrast_on_record(model, trace: Trace, params: PruneParams, i: int) -> torch.Tensor:
+    rec = trace.steps[i]
+    ids = grav.trace_context(trace, i).ids  # (T,)
+    short = grav.short_window_logits(model, ids[-params.gravity_contrast_k :])[0]  # (V,)
+    cand = rec.cand_ids.long()
+    g = (rec.cand_logits.float() - rec.lse) - grav.log_probs(short)[cand]  # (K,)
+    return grav.finish_gravity(model, g, params, ids, cand)
 
 
 class GravityCache:
@@ -147,7 +144,6 @@ class GravityCache:
             len(trace.steps),
             trace.steps[-1].token_id if trace.steps else None,
             tuple(getattr(params, k) for k in _GRAVITY_KEYS),
-            params.ema_decay,
             hidden is not None,
         )
         if key != self._key:
@@ -246,7 +242,7 @@ def replay(
         else:
             cache = gravity_cache or GravityCache()
             gravities = cache.get(model, trace, params, hidden)
-            if params.gravity_space == "hidden" and hidden is None:
+            if params.gravity_space != "embedding" and hidden is None:
                 note = "Hidden-space gravity needs the live run's hidden states; using embeddings."
     results, chosen = replay_steps(trace, params, gravities)
     token_ids = [int(rec.cand_ids[c]) for rec, c in zip(trace.steps, chosen, strict=True)]

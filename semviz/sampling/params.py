@@ -40,9 +40,6 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
 if TYPE_CHECKING:
     from semviz.sampling.chain import PruneResult
 
@@ -416,10 +413,22 @@ class PruneParams:
         "warpers operation for operation.", choices=("stable", "hf"),
     )  # fmt: skip
     min_tokens_to_keep: int = setting(1, "No filter leaves fewer tokens than this.", lo=1)
-    # narrative gravity: s = log P + λ·G
+    # narrative gravity: s = log P + λ·G (semviz.gravity)
     gravity_lambda: float = setting(
-        0.0, "Narrative gravity: s = log P + λ·G, G z-scored over the vocabulary; 0 is off.",
-        app=(-2.0, 3.0, 0.05), label="Gravity λ", group=GRAVITY,
+        0.0, "Narrative gravity: s = log P + λ·G; 0 is off. A pull's G is z-scored over the "
+        "vocabulary, a contrast's is in nats.", app=(-2.0, 3.0, 0.05), label="Gravity λ",
+        group=GRAVITY,
+    )  # fmt: skip
+    gravity_kind: str = setting(
+        "contrast", "'contrast' is coherence boosting, G = log P(w|C) - log P(w|last k "
+        "tokens) (a second, short forward per step); 'pull' is the seed's "
+        "G = Σ m_i·sim(w, t_i) towards the context.", choices=("pull", "contrast"), app=True,
+        label="Kind", group=GRAVITY,
+    )  # fmt: skip
+    gravity_contrast_k: int = setting(
+        8, "Contrast: the short context is the last k tokens.", lo=1, hi=4096,
+        app=(1, 64, 1), label="Short context k", group=GRAVITY,
+        shown_if=("gravity_kind", "contrast"),
     )  # fmt: skip
     gravity_mode: str = setting(
         "full", "'full' adjusts every token; 'rerank' only the top rerank_k raw candidates.",
@@ -427,17 +436,53 @@ class PruneParams:
     )  # fmt: skip
     rerank_k: int = setting(64, "How many raw candidates gravity reranks in rerank mode.", lo=1)
     gravity_mass: str = setting(
-        "attention", "Each context token's weight: last-query attention, its EMA, uniform, "
-        "IDF or embedding norm.", choices=("attention", "ema", "uniform", "idf", "norm"),
-        app=True, label="Mass source", group=GRAVITY,
+        "info", "Pull: each context token's weight: last-query attention, its EMA, uniform, "
+        "IDF, embedding norm, or 'info' (the token's surprise under the model; stopwords "
+        "and punctuation get none).", choices=("attention", "ema", "uniform", "idf", "norm", "info"),
+        app=True, label="Mass source", group=GRAVITY, shown_if=("gravity_kind", "pull"),
     )  # fmt: skip
     gravity_sim: str = setting(
-        "cosine", "Similarity of a candidate to the context.", choices=("cosine", "dot"),
-        app=True, label="Similarity", group=GRAVITY,
+        "cosine", "Pull: similarity of a candidate to the context.", choices=("cosine", "dot"),
+        app=True, label="Similarity", group=GRAVITY, shown_if=("gravity_kind", "pull"),
     )  # fmt: skip
     gravity_space: str = setting(
-        "embedding", "Vectors gravity compares: input embeddings or final hidden states.",
-        choices=("embedding", "hidden"), app=True, label="Space", group=GRAVITY,
+        "embedding", "Pull: the vectors compared: input embeddings, final hidden states, or "
+        "'contextual' (the state each context token was predicted from).",
+        choices=("embedding", "hidden", "contextual"), app=True, label="Space", group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_anchor: str = setting(
+        "prompt", "Pull: which tokens may carry mass: the user's prompt, the whole context, "
+        "or the last gravity_window positions.", choices=("prompt", "context", "window"),
+        app=True, label="Anchor", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_window: int = setting(
+        64, "Pull with anchor 'window': how many recent positions may carry mass.", lo=1,
+        hi=1 << 20, app=(4, 512, 4), label="Window (positions)", group=GRAVITY,
+        shown_if=("gravity_anchor", "window"),
+    )  # fmt: skip
+    gravity_sinks: int = setting(
+        1, "Pull: the first positions (attention sinks) carry no mass.", lo=0, hi=1 << 20
+    )
+    gravity_skip_template: bool = setting(
+        True, "Pull: special and chat-template tokens and the system prompt carry no mass.",
+        app=True, label="No mass on template tokens", group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+    )  # fmt: skip
+    gravity_ngram: int = setting(
+        2, "A token that would repeat an n-gram of the context keeps no positive gravity; "
+        "0 is off.", lo=0, hi=64, note="0 means off",
+    )  # fmt: skip
+    gravity_copy_cos: float = setting(
+        0.65, "Pull: a token whose embedding cosine with a context token is at least this "
+        "keeps no positive gravity; 0 is off.", **UNIT, note="0 means off",
+    )  # fmt: skip
+    gravity_attract_only: bool = setting(
+        True, "Pull: G = max(z - gravity_floor, 0), so nothing is pushed away.",
+    )  # fmt: skip
+    gravity_floor: float = setting(
+        1.0, "Pull with attract-only: the z-score above which a token is pulled.", lo=0.0,
+        hi=10.0,
     )  # fmt: skip
     gravity_layers: tuple[int, ...] | None = setting(
         None, "Layers whose attention gives the mass (all when unset).", kind="indices"
@@ -591,7 +636,10 @@ class Stage:
 
 @dataclass
 class SamplerState:
-    """Mutable per-sequence state: mirostat's mu, the controllers, histories, attention EMA.
+    """Mutable per-sequence state: mirostat's mu, the controllers, histories.
+
+    The attention EMA of gravity's ``"ema"`` mass is kept by position with the gravity
+    context (:class:`semviz.gravity.ContextPull`), not here.
 
     :func:`~semviz.sampling.prune` only reads it; :func:`~semviz.sampling.choose` (or
     :meth:`observe`) advances it once the step's token is known. Replay should work on a
@@ -602,7 +650,6 @@ class SamplerState:
     last_temperature: float | None = None
     tokens: list[int] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
-    attention_ema: Tensor | None = None  # (N,)
     steps: int = 0
 
     def copy(self) -> SamplerState:
@@ -611,7 +658,6 @@ class SamplerState:
             last_temperature=self.last_temperature,
             tokens=list(self.tokens),
             entropies=list(self.entropies),
-            attention_ema=None if self.attention_ema is None else self.attention_ema.clone(),
             steps=self.steps,
         )
 
@@ -634,23 +680,3 @@ class SamplerState:
             self.mirostat_mu = result.mirostat_mu - result.mirostat_eta * (
                 surprise - result.mirostat_tau
             )
-
-
-def ema_mass(prev: Tensor | None, current: Tensor, decay: float) -> Tensor:
-    """``decay * prev + (1 - decay) * current``, renormalised to sum 1 ``(N,)``.
-
-    ``prev`` may be shorter than ``current`` (tokens appended since); its missing entries
-    are taken from ``current``.
-    """
-    cur = current.detach().float().flatten()  # (N,)
-    if prev is None:
-        out = cur.clone()
-    else:
-        p = prev.detach().float().flatten().to(cur.device)
-        if p.numel() > cur.numel():
-            p = p[-cur.numel() :]
-        if p.numel() < cur.numel():
-            p = torch.cat([p, cur[p.numel() :]])
-        out = decay * p + (1.0 - decay) * cur
-    s = out.sum()
-    return out / s if s > 0 else torch.full_like(out, 1.0 / max(out.numel(), 1))

@@ -78,11 +78,15 @@ SLIDER_CASES = [
     ("app_pages/attention.py", "s_gravity_sim", "dot"),
     ("app_pages/pipeline.py", "s_top_p", 0.5),
 ]
+# settings a case needs first: the per-token gravity terms exist for a pull only
+SETUP = {"s_gravity_sim": {"s_gravity_kind": "pull"}}
 
 
 @pytest.mark.parametrize(("page", "key", "value"), SLIDER_CASES)
 def test_moving_a_slider_changes_the_figures(generated, page, key, value):
     at = generated
+    for k, v in SETUP.get(key, {}).items():
+        at.session_state[k] = v
     at.switch_page(page).run()
     before = charts(at)
     at.session_state[key] = value

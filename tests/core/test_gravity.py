@@ -6,7 +6,18 @@ import pytest
 import torch
 
 from semviz import gravity as gv
-from semviz.sampling import PruneParams, SamplerState
+from semviz.sampling import PruneParams
+
+# every position may pull: the seed's plain potential, to compare with brute force
+PLAIN = dict(
+    gravity_kind="pull",
+    gravity_anchor="context",
+    gravity_sinks=0,
+    gravity_skip_template=False,
+    gravity_ngram=0,
+    gravity_copy_cos=0.0,
+    gravity_attract_only=False,
+)
 
 
 def brute(cand, ctx, mass, sim):
@@ -60,7 +71,8 @@ def test_context_mass_sources():
     m2 = gv.context_mass("attention", attention=attn, layers=(1,), heads=(0, 2))
     torch.testing.assert_close(m2, attn[1, [0, 2]].mean(0))
     e = gv.context_mass("ema", attention=attn, ema=torch.tensor([1.0, 0, 0, 0]), ema_decay=0.5)
-    assert e.shape == (6,) and abs(float(e.sum()) - 1) < 1e-6
+    want = 0.5 * torch.tensor([1.0, 0, 0, 0, 0, 0]) + 0.5 * attn.mean((0, 1))
+    torch.testing.assert_close(e, want)  # new positions enter at zero: already sums to 1
     ids = torch.tensor([1, 1, 1, 2])
     idf = gv.context_mass("idf", context_ids=ids)
     assert idf[3] > idf[0] and abs(float(idf.sum()) - 1) < 1e-6
@@ -70,6 +82,14 @@ def test_context_mass_sources():
     torch.testing.assert_close(gv.context_mass("uniform", n=4), torch.full((4,), 0.25))
     with pytest.raises(ValueError, match="attention"):
         gv.context_mass("attention")
+
+
+def test_ema_mass_enters_new_positions_at_zero():
+    first = gv.ema_mass(None, torch.tensor([0.5, 0.5]), 0.9)
+    assert torch.equal(first, torch.tensor([0.5, 0.5]))
+    nxt = gv.ema_mass(first, torch.tensor([0.2, 0.2, 0.6]), 0.9)
+    torch.testing.assert_close(nxt, torch.tensor([0.47, 0.47, 0.06]))
+    assert float(nxt.sum()) == pytest.approx(1.0)
 
 
 def test_candidate_cache_keyed_per_model(tiny_llama):
@@ -94,33 +114,41 @@ def test_hidden_space_uses_lm_head_rows(tiny_llama):
     """Dot gravity in hidden space with all mass on one position is that position's logits."""
     h = torch.randn(3, 64)
     p = PruneParams(
-        gravity_lambda=1.0, gravity_space="hidden", gravity_sim="dot", gravity_mass="attention"
-    )
+        gravity_lambda=1.0, gravity_space="hidden", gravity_sim="dot", gravity_mass="attention",
+        **PLAIN,
+    )  # fmt: skip
     attn = torch.zeros(2, 4, 3)
     attn[..., 2] = 1.0
-    g = gv.gravity_for_step(tiny_llama, p, attention=attn, hidden=h, normalize=False)
+    ctx = gv.GravityContext(ids=torch.tensor([5, 6, 7]), attention=attn, hidden=h)
+    g = gv.gravity_for_step(tiny_llama, p, ctx, normalize=False)
     torch.testing.assert_close(g, tiny_llama.lm_head(h[2]).detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_gravity_for_step_updates_ema(tiny_llama):
-    p = PruneParams(gravity_lambda=1.0, gravity_mass="ema")
-    st = SamplerState()
-    ids = torch.tensor([3, 4, 5])
-    attn = torch.softmax(torch.randn(2, 4, 3), -1)
-    g = gv.gravity_for_step(tiny_llama, p, context_ids=ids, attention=attn, state=st)
-    assert g.shape == (256,) and st.attention_ema.shape == (3,)
+def test_contextual_space_reads_the_state_before_each_token(tiny_llama):
+    """Contextual space: token i is read as h_{i-1}, the state that predicted it."""
+    h = torch.randn(3, 64)
+    p = PruneParams(
+        gravity_lambda=1.0, gravity_space="contextual", gravity_sim="dot", gravity_mass="attention",
+        **PLAIN,
+    )  # fmt: skip
+    attn = torch.zeros(2, 4, 3)
+    attn[..., 2] = 1.0
+    ctx = gv.GravityContext(ids=torch.tensor([5, 6, 7]), attention=attn, hidden=h)
+    g = gv.gravity_for_step(tiny_llama, p, ctx, normalize=False)
+    torch.testing.assert_close(g, tiny_llama.lm_head(h[1]).detach(), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("sim", ["cosine", "dot"])
-def test_gravity_for_step_sums_context_rows_from_the_cache(tiny_llama, sim):
-    """The embedding-space pull is summed from the cached matrix (no (N, d) gather)."""
+def test_context_pull_sums_context_rows_from_the_cache(tiny_llama, sim):
     ids = torch.tensor([5, 9, 9, 200, 3])
     attn = torch.softmax(torch.randn(2, 4, 5), -1)
-    p = PruneParams(gravity_lambda=1.0, gravity_sim=sim, gravity_mass="attention")
-    got = gv.gravity_for_step(tiny_llama, p, context_ids=ids, attention=attn, normalize=False)
+    p = PruneParams(gravity_lambda=1.0, gravity_sim=sim, gravity_mass="attention", **PLAIN)
+    got = gv.gravity_for_step(
+        tiny_llama, p, gv.GravityContext(ids=ids, attention=attn), normalize=False
+    )
     emb = tiny_llama.get_input_embeddings().weight.detach()
-    want = brute(emb, emb[ids], attn.mean((0, 1)), sim)
-    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    mass = attn.half().float().mean((0, 1))  # attention is read at the trace's float16
+    torch.testing.assert_close(got.double(), brute(emb, emb[ids], mass, sim), atol=1e-5, rtol=1e-5)
 
 
 def test_normalize_gravity_dense_path_matches_masked_path():

@@ -221,11 +221,11 @@ def test_every_processor_runs_in_generate(tiny_llama):
 def test_attention_and_hidden_gravity_in_generate(tiny_llama):
     with sp.capture_attention(tiny_llama) as sink, sp.capture_hidden(tiny_llama) as hs:
         a = sp.NarrativeGravityLogitsProcessor(
-            tiny_llama, 0.5, mass="attention", attention_sink=sink
+            tiny_llama, 0.5, kind="pull", mass="attention", attention_sink=sink
         )
         e = sp.NarrativeGravityLogitsProcessor(
-            tiny_llama, 0.5, mass="ema", space="hidden", attention_sink=sink, hidden_sink=hs,
-            mode="rerank", rerank_k=16,
+            tiny_llama, 0.5, kind="pull", mass="ema", space="hidden", attention_sink=sink,
+            hidden_sink=hs, mode="rerank", rerank_k=16,
         )  # fmt: skip
         _generate(tiny_llama, [a, e, sp.TopPLogitsWarper(0.9)])
         assert a.last_gravity.shape == (2, 256)
@@ -239,8 +239,7 @@ def test_gravity_processor_matches_core(tiny_llama):
 
     ids = torch.tensor([[5, 6, 7, 7]])
     scores = torch.randn(1, 256)
-    proc = sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.7, mass="idf")
-    g = gravity_for_step(
-        tiny_llama, PruneParams(gravity_lambda=0.7, gravity_mass="idf"), context_ids=ids[0]
-    )
+    proc = sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.7, kind="pull", mass="idf")
+    p = PruneParams(gravity_lambda=0.7, gravity_kind="pull", gravity_mass="idf")
+    g = gravity_for_step(tiny_llama, p, context_ids=ids[0])
     torch.testing.assert_close(proc(ids, scores)[0], torch.log_softmax(scores[0], -1) + 0.7 * g)

@@ -192,8 +192,9 @@ def test_fused_gravity_equals_the_core(tiny_lm, mass, space, sim):
     """The decoder's G (one matmul with the LM head) equals gravity.gravity_for_step."""
     from semviz import gravity
 
-    p = PruneParams(
-        temperature=1.0, gravity_lambda=1.0, gravity_mass=mass, gravity_space=space, gravity_sim=sim
+    # the first gravity (every cached position pulls), as the reference below builds it
+    p = PruneParams(temperature=1.0, gravity_lambda=1.0, **gravity.FIRST_GRAVITY).replace(
+        gravity_mass=mass, gravity_space=space, gravity_sim=sim
     )
     d = make(tiny_lm, params=p, seed=2, max_new_tokens=3)
     assert gravity.fuses_with_lm_head(tiny_lm.model, space)

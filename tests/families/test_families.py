@@ -140,8 +140,9 @@ def test_decoder_gravity_equals_the_core(family, family_lm, mass, space, sim):
     model = family_lm.model
     assert _is_tied(model) is (family != "qwen2")
     assert gravity.fuses_with_lm_head(model, space) is (space == "hidden" or _is_tied(model))
-    p = PruneParams(
-        temperature=1.0, gravity_lambda=1.0, gravity_mass=mass, gravity_space=space, gravity_sim=sim
+    # the first gravity (every cached position pulls), as the reference below builds it
+    p = PruneParams(temperature=1.0, gravity_lambda=1.0, **gravity.FIRST_GRAVITY).replace(
+        gravity_mass=mass, gravity_space=space, gravity_sim=sim
     )
     d = Decoder(family_lm, PROMPT, p, DecodeSettings(seed=2, max_new_tokens=3))
     d.run(3)
