@@ -11,8 +11,9 @@ import pandas as pd
 import streamlit as st
 
 from semviz import compare as cmp
+from semviz.decoding import encode_prompt
 from semviz.metrics import METRIC_INFO
-from ui import page
+from ui import page, server
 from ui.errors import message
 
 TICK_SECONDS = 0.4
@@ -37,7 +38,8 @@ for key, default in (
 c1, c2, c3 = st.columns([3, 3, 1])
 c1.text_input("Side A", key="cmp_a")
 c2.text_input("Side B", key="cmp_b")
-c3.number_input("Tokens", 1, 512, 32, key="cmp_steps")
+most = server.config().cap_steps(512)
+c3.number_input("Tokens", 1, most, min(32, most), key="cmp_steps")
 job["cmp_a"], job["cmp_b"] = st.session_state["cmp_a"], st.session_state["cmp_b"]
 
 
@@ -51,11 +53,14 @@ def _start() -> None:
         if ctx.lm is None:
             raise ValueError("the model is not loaded")
         steps = int(st.session_state["cmp_steps"])
+        server.check_prompt(encode_prompt(ctx.lm, settings.prompt, settings.chat))
         t0 = time.perf_counter()
-        first = cmp.compare(
-            ctx.lm, settings.prompt, sides, steps=steps, seed=int(settings.seed),
-            chat=settings.chat, should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
-        )  # fmt: skip
+        with server.model_turn() as turn:
+            first = cmp.compare(
+                ctx.lm, settings.prompt, sides, steps=steps, seed=int(settings.seed),
+                chat=settings.chat, should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
+                on_step=lambda *_: turn.let_others(),
+            )  # fmt: skip
         done = all(d.done for d in first.extra["decoders"])
         job.update(result=first, target=steps, running=first.steps < steps and not done)
     except Exception as exc:  # shown above the results; nothing else is touched
@@ -81,10 +86,12 @@ def _tick() -> None:
         job["running"] = False
         return
     t0 = time.perf_counter()
-    job["result"] = cmp.compare(
-        ctx.lm, res.prompt, res.sides, steps=left, seed=res.seed, decoders=decs,
-        should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
-    )  # fmt: skip
+    with server.model_turn() as turn:
+        job["result"] = cmp.compare(
+            ctx.lm, res.prompt, res.sides, steps=left, seed=res.seed, decoders=decs,
+            should_stop=lambda: time.perf_counter() - t0 > TICK_SECONDS,
+            on_step=lambda *_: turn.let_others(),
+        )  # fmt: skip
     r = job["result"]
     if r.steps >= job["target"] or all(d.done for d in decs):
         job["running"] = False

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from semviz import charts
-from ui import analysis, kv, page
+from ui import analysis, kv, page, server
 
 ctx = page.context("KV cache")
 tr = ctx.trace
@@ -45,7 +45,8 @@ else:
         c1, c2, c3 = st.columns([3, 2, 1])
         pols = c1.multiselect("Policies", names, default=names[:2], key="kve_policies")
         budgets_text = c2.text_input("Budgets (tokens or fractions)", "16, 32", key="kve_budgets")
-        n_tok = c3.number_input("Tokens", 16, 2048, 64, step=16, key="kve_tokens")
+        most = max(16, min(2048, server.config().max_prompt_tokens or 2048))
+        n_tok = c3.number_input("Tokens", 16, most, min(64, most), step=16, key="kve_tokens")
         go = st.form_submit_button("Run kv-eval", type="primary")
     st.caption(
         "Teacher-forced on the current run's text (prompt + generated, or the prompt repeated): "
@@ -77,8 +78,13 @@ else:
                     min(done / max(total, 1), 1.0), text=f"kv-eval: {label} ({done}/{total})"
                 )
 
+            def progress_and_yield(done: int, total: int, label: str) -> None:
+                progress(done, total, label)
+                turn.let_others()  # between two forwards: other sessions go first
+
             try:
-                rows = fn(ctx.lm, ids, ["full", *pols], budgets, on_progress=progress)
+                with server.model_turn() as turn:
+                    rows = fn(ctx.lm, ids, ["full", *pols], budgets, on_progress=progress_and_yield)
                 sess.kv_eval = rows
                 bar.progress(1.0, text="kv-eval: done")
             except Exception as exc:  # one line, the page stays usable
