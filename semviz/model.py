@@ -367,9 +367,12 @@ def model_key(name: str | None) -> str:
     text = (name or "").strip()
     if text in ("", "default", DEFAULT_MODEL):
         return DEFAULT_MODEL
-    path = Path(text).expanduser()
-    if path.exists() or text.endswith(".gguf") or text.startswith(("/", ".", "~")):
-        return str(path.resolve())
+    try:
+        path = Path(text).expanduser()
+        if path.exists() or text.endswith(".gguf") or text.startswith(("/", ".", "~")):
+            return str(path.resolve())
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, an unknown ~user, a symlink loop
+        pass
     return text
 
 

@@ -75,7 +75,7 @@ class ServerConfig:
 
     def allows(self, name: str) -> bool:
         """May a session load the model ``name`` ('' is the server's default)?"""
-        return not self.models or model_key(name or self.default_model) in self.models
+        return not self.models or model_key(name.strip() or self.default_model) in self.models
 
     def refusal(self) -> str:
         """Why a model is refused: the end of one sentence."""
@@ -221,7 +221,7 @@ def check_model(name: str) -> str:
     cfg = config()
     if not cfg.allows(name):
         raise ModelLoadError(f"Could not load model {name.strip()[:80]!r}: {cfg.refusal()}.")
-    return model_key(name or cfg.default_model)
+    return model_key(name.strip() or cfg.default_model)
 
 
 def check_prompt(ids: list[int]) -> list[int]:
