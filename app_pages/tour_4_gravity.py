@@ -3,9 +3,10 @@
 import streamlit as st
 
 from semviz import charts
-from ui import page, tour
+from ui import page, tour, views
 
 ctx = page.context("Tour 4 · Gravity as a rerank")
+views.page_css()
 tour.header(
     4,
     "add narrative gravity as a switchable rerank: the model's logits stay untouched, only the "
@@ -39,7 +40,7 @@ if page.need_trace(ctx):
         if "gravity" in stages:
             labels = ctx.labels(rec.cand_ids[:200].tolist())
             st.subheader(f"Step {i}: ranks before and after gravity")
-            st.plotly_chart(
+            views.chart(
                 charts.rank_shift_figure(labels, stages["raw"][:200], stages["gravity"][:200],
                                          top=15),
                 key="tour4_rankshift",
@@ -47,13 +48,14 @@ if page.need_trace(ctx):
         wi = ctx.wi
         if wi is not None:
             df = charts.step_frame(ctx.trace, wi.results, wi.chosen)
-            st.plotly_chart(
+            views.step_chart(
+                ctx,
                 charts.entropy_figure(df, p, selected=i, first_diff=wi.first_diff),
                 key="tour4_entropy",
             )
             st.caption(
                 "No choice changes with these settings."
                 if wi.first_diff is None
-                else f"The orange line marks step {wi.first_diff}, the first choice gravity changes."
+                else f"The pink line marks step {wi.first_diff}, the first choice gravity changes."
             )
 tour.footer(4)

@@ -4,23 +4,42 @@ Nothing here imports streamlit. Inputs are the recorded ``StepRecord``s, the ``P
 of a replay, and plain arrays; outputs are ``plotly.graph_objects.Figure``. Every chart caps
 what it draws (top candidates, binned context positions) so a long trace stays cheap to
 render.
+
+Decisions
+---------
+- Colours come from :mod:`semviz.style`, one per concept. Figures set no template, no
+  background and no text colour, so the app's light or dark theme styles them; reports apply
+  ``style.EXPORT_TEMPLATE`` when they write a file.
+- The selected step and the token taken are a yellow highlighter band, not an outline.
+- Attention is coloured by ``log10`` of the mass, clipped at :data:`ATT_FLOOR`, with the same
+  scale and range in both attention charts: the sink at position 0 takes up to 0.9 of a row,
+  so on a linear scale every other cell is the darkest colour.
+- Every point on a step axis carries its step as ``customdata[0]``, so a click on it can
+  select that step (the app's chart selections).
+- Only Plotly: one grammar means one palette to apply, one selection API and one PNG
+  exporter (kaleido). Altair is not used.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from semviz import escape, style
 from semviz.sampling import PruneParams, PruneResult, active_filters
+from semviz.style import display_token
 from semviz.trace import StepRecord, Trace
 
 TOP = 30
 MAX_COLS = 400  # context positions drawn before binning
 MAX_ROWS = 256  # steps drawn before binning
+ATT_FLOOR = 1e-4  # attention mass below this shares the lowest colour
+LABELLED_COLS = 64  # attention columns labelled with their token (more: position numbers)
 STAGE_ORDER = ("raw", "gravity", "temperature", "final")
 STAGE_LABEL = {
     "raw": "raw",
@@ -28,13 +47,8 @@ STAGE_LABEL = {
     "temperature": "after temperature",
     "final": "final (kept, renormalised)",
 }
-STAGE_COLOR = {"raw": "#8c8c8c", "gravity": "#9467bd", "temperature": "#1f77b4", "final": "#d62728"}
-ACTION_COLOR = {
-    "took the top token": "#1f77b4",
-    "took a lower-ranked token": "#ff7f0e",
-    "greedy": "#2ca02c",
-    "safety fallback": "#d62728",
-}
+STAGE_COLOR = style.STAGE
+ACTION_COLOR = style.ACTION
 
 __all__ = [
     "ACTION_COLOR",
@@ -44,9 +58,12 @@ __all__ = [
     "cache_bytes_figure",
     "chain_figure",
     "chain_stages",
+    "cuts",
+    "display_token",
     "distribution_figure",
     "entropy_figure",
     "entropy_scatter",
+    "fmt_prob",
     "gravity_terms_figure",
     "kv_eval_figure",
     "kv_timeline_figure",
@@ -59,17 +76,20 @@ __all__ = [
     "waterfall_figure",
 ]
 
+_LEGEND = {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0}
+
 
 def _layout(fig: go.Figure, title: str | None = None, height: int = 360) -> go.Figure:
     fig.update_layout(
         title=None if title is None else {"text": title, "x": 0.0, "font": {"size": 14}},
-        template="plotly_white",
         height=height,
         # subplot titles are annotations above the plot area: give them room too
-        margin={"l": 50, "r": 20, "t": 40 if title or fig.layout.annotations else 20, "b": 40},
-        legend={"orientation": "h", "y": -0.18, "x": 0.0},
+        margin={"l": 50, "r": 20, "t": 44 if title or fig.layout.annotations else 28, "b": 40},
+        legend=_LEGEND,
         hoverlabel={"namelength": -1},
     )
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     return fig
 
 
@@ -82,11 +102,26 @@ def _np(t) -> np.ndarray:
 
 
 def _show(label: str) -> str:
-    """A token made visible: spaces and newlines shown, other control characters escaped
-    (a raw one makes the exported SVG, and so the PNG, invalid), long ones cut."""
-    s = label.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
-    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
-    return s if len(s) <= 14 else s[:13] + "…"
+    """A token made visible (see ``style.display_token``), long ones cut, and markup shown
+    as text (Plotly renders ``<b>``, ``<a href>`` … in labels)."""
+    s = display_token(label)
+    return escape.plotly(s if len(s) <= 14 else s[:13] + "…")
+
+
+def _text(label: object) -> str:
+    """A token (whole) or any text from a trace for a hover label: visible and literal."""
+    return escape.plotly(display_token(str(label)))
+
+
+def fmt_prob(p: float) -> str:
+    """A probability a reader can tell from zero: ``0.153``, ``0.0042``, ``3.1e-05``."""
+    if not math.isfinite(p):
+        return "–"
+    if p >= 0.01 or p == 0.0:
+        return f"{p:.3f}"
+    if p >= 0.001:
+        return f"{p:.4f}"
+    return f"{p:.1e}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,10 +139,9 @@ def _base(title: str | None, height: int) -> dict:
     return {
         "title": None if title is None else {"text": title, "x": 0.0, "font": {"size": 14}},
         "height": height,
-        "margin": {"l": 50, "r": 20, "t": 40 if title else 20, "b": 40},
-        "legend": {"orientation": "h", "y": -0.18, "x": 0.0},
+        "margin": {"l": 50, "r": 20, "t": 44 if title else 28, "b": 40},
+        "legend": dict(_LEGEND),
         "hoverlabel": {"namelength": -1},
-        "plot_bgcolor": "white",
     }
 
 
@@ -116,7 +150,11 @@ def _figure(data: list[dict], layout: dict) -> go.Figure:
 
     Validation costs ~10 ms per trace; the what-if views rebuild ~8 figures on every slider
     move, so they are assembled as dicts (checked by the tests' JSON round trips instead).
+    Every axis grows its margin to fit its labels.
     """
+    for k, v in layout.items():
+        if (k.startswith("xaxis") or k.startswith("yaxis")) and isinstance(v, dict):
+            v.setdefault("automargin", True)
     return go.Figure(data=data, layout=layout, _validate=False)
 
 
@@ -138,12 +176,11 @@ def _stacked(n: int, titles: Sequence[str], spacing: float = 0.06) -> dict:
     ann = []
     for r, dom in enumerate(_rows(n, spacing), start=1):
         sfx = "" if r == 1 else str(r)
-        lay[f"yaxis{sfx}"] = {"domain": dom, "anchor": f"x{sfx}", "gridcolor": "#eee"}
+        lay[f"yaxis{sfx}"] = {"domain": dom, "anchor": f"x{sfx}"}
         lay[f"xaxis{sfx}"] = {
             "anchor": f"y{sfx}",
             "matches": "x" if r > 1 else None,
             "showticklabels": r == n,
-            "gridcolor": "#eee",
         }
         ann.append({
             "text": titles[r - 1], "x": 0.5, "y": dom[1], "xref": "paper", "yref": "paper",
@@ -151,6 +188,23 @@ def _stacked(n: int, titles: Sequence[str], spacing: float = 0.06) -> dict:
         })  # fmt: skip
     lay["annotations"] = ann
     return lay
+
+
+def _band(x: float, half: float, xref: str = "x", yref: str = "y domain") -> dict:
+    """The focus highlighter: a translucent yellow band over ``x ± half``."""
+    return {
+        "type": "rect", "xref": xref, "x0": x - half, "x1": x + half, "yref": yref,
+        "y0": 0, "y1": 1, "fillcolor": style.rgba(style.FOCUS, style.FOCUS_ALPHA),
+        "line": {"width": 0}, "layer": "below",
+    }  # fmt: skip
+
+
+def _candidate_index(n: int, chosen: int | None, available: int) -> list[int]:
+    """The top ``n`` candidates, plus the chosen one when it ranks below them."""
+    idx = list(range(n))
+    if chosen is not None and n <= chosen < available:
+        idx.append(int(chosen))
+    return idx
 
 
 def distribution_figure(
@@ -162,116 +216,196 @@ def distribution_figure(
     mode: str = "side",
     top: int = TOP,
     stages_shown: Sequence[str] = STAGE_ORDER,
+    horizontal: bool = False,
 ) -> go.Figure:
-    """Raw / after temperature / gravity-adjusted / final probabilities of the top candidates.
+    """Raw / gravity-adjusted / after temperature / final probabilities of the top candidates.
 
     Parameters
     ----------
-    labels : token texts of the candidates (at least ``top``), in candidate order.
+    labels : token texts of the candidates, in candidate order (at least ``top``; up to
+        ``chosen`` to draw a chosen token that ranks below the top).
     stages : stage name → (K,) probabilities over the candidates.
-    kept : (K,) bool, tokens that survived every filter.
-    chosen : candidate index of the token taken (outlined).
+    kept : (K,) bool, tokens that survived every filter; in the final panel the others are
+        pale hatched bars at the probability they had when the filters cut them.
+    chosen : candidate index of the token taken: highlighted, and drawn as an extra bar
+        after the top ones when it ranks below them.
     mode : ``"side"`` one panel per stage, ``"overlay"`` grouped bars in one panel.
+    horizontal : overlay only: candidates down the y axis (long labels stay level).
     """
     names = [s for s in stages_shown if s in stages]
-    n = min(top, len(labels), *(len(stages[s]) for s in names)) if names else 0
-    x = [f"{i + 1}. {_show(labels[i])}" for i in range(n)]
-    kept_n = np.ones(n, bool) if kept is None else np.asarray(kept[:n], bool)
-    data = []
+    size = min([len(labels), *(len(stages[s]) for s in names)]) if names else 0
+    n = min(top, size)
+    idx = _candidate_index(n, chosen, size)
+    cats = [f"{i + 1}. {_show(labels[i])}" for i in idx]
+    focus = idx.index(chosen) if chosen is not None and chosen in idx else None
+    kept_all = np.ones(size, bool) if kept is None else np.asarray(kept[:size], bool)
+    kept_n = kept_all[idx] if size else kept_all
     if mode == "overlay" or len(names) <= 1:
-        for s in names:
-            data.append({
-                "type": "bar", "x": x, "y": stages[s][:n].tolist(), "name": STAGE_LABEL[s],
-                "marker": {"color": STAGE_COLOR[s]}, "opacity": 0.85,
-                "hovertemplate": "%{x}<br>p=%{y:.4f}<extra>" + STAGE_LABEL[s] + "</extra>",
-            })  # fmt: skip
-        layout = _base(None, 380)
-        layout.update(
-            barmode="group", bargap=0.15,
-            yaxis={"title": {"text": "probability"}, "gridcolor": "#eee"},
-            xaxis={"tickangle": -50, "tickfont": {"size": 10}},
-        )  # fmt: skip
-        return _figure(data, layout)
-    layout = _base(None, 150 * len(names) + 90)
+        return _overlay(names, stages, idx, cats, focus, horizontal)
+    layout = _base(None, 150 * len(names) + 110)
     layout.update(_stacked(len(names), [STAGE_LABEL[s] for s in names], 0.05))
+    layout["shapes"] = []
+    # a cut candidate has no final probability: its final bar is a pale hatched ghost at the
+    # height it had when the filters cut it (the stage before them)
+    before = next((b for b in ("temperature", "gravity", "raw") if b in stages), None)
+    data = []
     for r, s in enumerate(names, start=1):
         sfx = "" if r == 1 else str(r)
-        colors = [STAGE_COLOR[s] if (s != "final" or k) else "#dddddd" for k in kept_n.tolist()]
+        pruned = [s == "final" and before is not None and not k for k in kept_n.tolist()]
+        ys = [
+            float(stages[before][i]) if p else float(stages[s][i])
+            for i, p in zip(idx, pruned, strict=True)
+        ]
         data.append({
-            "type": "bar", "x": x, "y": stages[s][:n].tolist(), "name": STAGE_LABEL[s],
+            "type": "bar", "x": cats, "y": ys, "name": STAGE_LABEL[s],
             "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "showlegend": False,
-            "marker": {"color": colors, "line": {"width": [2.5 if i == chosen else 0 for i in range(n)], "color": "#000"}},
-            "hovertemplate": "%{x}<br>p=%{y:.4f}<extra>" + STAGE_LABEL[s] + "</extra>",
+            "marker": {"color": STAGE_COLOR[s], "opacity": [0.3 if p else 1.0 for p in pruned],
+                       "pattern": {"shape": ["/" if p else "" for p in pruned]}},
+            "customdata": [f"cut by the filters (p {before} = {y:.4f})" if p else f"p={y:.4f}"
+                           for p, y in zip(pruned, ys, strict=True)],
+            "hovertemplate": "%{x}<br>%{customdata}<extra>" + STAGE_LABEL[s] + "</extra>",
         })  # fmt: skip
+        if focus is not None:
+            layout["shapes"].append(_band(focus, 0.5, f"x{sfx}", f"y{sfx} domain"))
     layout[f"xaxis{len(names) if len(names) > 1 else ''}"].update(
-        tickangle=-50, tickfont={"size": 10}
+        tickangle=-45, tickfont={"size": 11}
     )
     return _figure(data, layout)
 
 
+def _overlay(names, stages, idx, cats, focus, horizontal: bool) -> go.Figure:
+    """Grouped bars, one colour per stage, in one panel."""
+    data = []
+    for s in names:
+        vals = stages[s][idx].tolist()
+        xy = {"y": cats, "x": vals, "orientation": "h"} if horizontal else {"x": cats, "y": vals}
+        data.append({
+            "type": "bar", **xy, "name": STAGE_LABEL[s], "marker": {"color": STAGE_COLOR[s]},
+            "hovertemplate": ("%{y}<br>p=%{x:.4f}" if horizontal else "%{x}<br>p=%{y:.4f}")
+            + "<extra>" + STAGE_LABEL[s] + "</extra>",
+        })  # fmt: skip
+    layout = _base(None, 380)
+    prob_axis = {"title": {"text": "probability"}, "rangemode": "tozero"}
+    cat_axis = {"type": "category", "tickfont": {"size": 11}}
+    if horizontal:
+        cat_axis["autorange"] = "reversed"  # rank 1 at the top
+        layout.update(barmode="group", bargap=0.2, xaxis=prob_axis, yaxis=cat_axis)
+    else:
+        cat_axis["tickangle"] = -45
+        layout.update(barmode="group", bargap=0.15, xaxis=cat_axis, yaxis=prob_axis)
+    if focus is not None:
+        band = _band(focus, 0.5, "x", "y domain")
+        if horizontal:
+            band.update(xref="x domain", x0=0, x1=1, yref="y", y0=focus - 0.5, y1=focus + 0.5)
+        layout["shapes"] = [band]
+    return _figure(data, layout)
+
+
+_NOT_CUTS = {"candidates", "gravity", "temperature"}  # waterfall rows that remove nothing
+
+
+def cuts(waterfall: Sequence[dict]) -> list[dict]:
+    """The waterfall rows of the filters that can remove candidates, in chain order."""
+    return [w for w in waterfall if w["name"] not in _NOT_CUTS]
+
+
 def waterfall_figure(waterfall: Sequence[dict]) -> go.Figure:
-    """How much mass each pruning stage removed, and how many candidates were left."""
-    names = [w["name"] for w in waterfall] or ["(no filter on)"]
-    removed = [100.0 * float(w["mass_removed"]) for w in waterfall] or [0.0]
-    left = [int(w["n_kept"]) for w in waterfall] or [0]
-    data = [
-        {
-            "type": "bar", "x": names, "y": removed, "name": "mass removed (% of what entered)",
-            "marker": {"color": "#d62728"},
-            "hovertemplate": "%{x}: removed %{y:.2f}% of the mass<extra></extra>",
-        },
-        {
-            "type": "scatter", "x": names, "y": left, "name": "candidates left", "yaxis": "y2",
-            "mode": "lines+markers+text", "text": [str(v) for v in left],
-            "textposition": "top center", "marker": {"color": "#1f77b4"},
-            "hovertemplate": "%{x}: %{y} left<extra></extra>",
-        },
-    ]  # fmt: skip
-    layout = _base(None, 340)
+    """How much mass each pruning stage removed, and how many candidates it left.
+
+    One bar per filter in chain order, labelled with the share of the mass it removed (of what
+    entered it); the candidates left are part of the filter's label. Stages that cut nothing
+    by design (gravity, temperature, the recorded candidate set) are left out; with no filter
+    on, one row says so.
+    """
+    waterfall = cuts(waterfall)
+    if waterfall:
+        names = [f"{escape.plotly(w['name'])} → {int(w['n_kept']):,} left" for w in waterfall]
+        removed = [100.0 * float(w["mass_removed"]) for w in waterfall]
+        text = [f"{v:.1f}%" for v in removed]
+    else:
+        names, removed, text = ["no filter on"], [0.0], ["nothing removed: every candidate kept"]
+    data = [{
+        "type": "bar", "orientation": "h", "y": names, "x": removed,
+        "marker": {"color": style.CUT}, "name": "mass removed",
+        "text": text, "textposition": "outside", "cliponaxis": False,
+        "hovertemplate": "%{y}<br>removed %{x:.2f}% of the mass that entered<extra></extra>",
+    }]  # fmt: skip
+    layout = _base(None, 100 + 40 * len(names))
     layout.update(
-        yaxis={"title": {"text": "mass removed, %"}, "range": [0, 105], "gridcolor": "#eee"},
-        yaxis2={"title": {"text": "candidates left"}, "type": "log", "overlaying": "y",
-                "side": "right", "showgrid": False},
+        showlegend=False,
+        xaxis={"title": {"text": "mass removed, % of what entered the stage"},
+               "range": [0, 118], "tickvals": [0, 25, 50, 75, 100]},
+        yaxis={"type": "category", "autorange": "reversed", "tickfont": {"size": 12},
+               "ticklabelstandoff": 6},
     )  # fmt: skip
     return _figure(data, layout)
 
 
-def rank_shift_figure(
-    labels: Sequence[str], raw: np.ndarray, adjusted: np.ndarray, top: int = 20
-) -> go.Figure:
-    """Ranks before and after gravity for the tokens that end in the top ``top``.
+def _rank(x: np.ndarray) -> np.ndarray:
+    """1-based rank of each entry, highest first (ties in index order)."""
+    r = np.empty(len(x), int)
+    r[np.argsort(-x, kind="stable")] = np.arange(1, len(x) + 1)
+    return r
 
-    A line per token from its raw rank (left) to its gravity-adjusted rank (right), green when
-    gravity promoted it, red when it was demoted.
+
+def _lanes(ranks: dict[int, int], top: int) -> dict[int, float]:
+    """y position per token: its rank inside the top, else a lane below it in rank order."""
+    out = {i: float(r) for i, r in ranks.items() if r <= top}
+    below = sorted((r, i) for i, r in ranks.items() if r > top)
+    out.update({i: top + 1.0 + k for k, (_, i) in enumerate(below)})
+    return out
+
+
+def rank_shift_figure(
+    labels: Sequence[str], raw: np.ndarray, adjusted: np.ndarray, top: int = 15
+) -> go.Figure:
+    """Ranks before and after gravity for the tokens in either top ``top``.
+
+    A line per token from its raw rank (left) to its gravity-adjusted rank (right): green when
+    gravity promoted it, red when it was demoted, grey when unchanged. A token ranked below
+    the top on one side sits in a lane under the dashed line, labelled with its real rank,
+    so one far outlier does not squash the top ranks.
     """
     raw, adjusted = np.asarray(raw, float), np.asarray(adjusted, float)
     k = min(len(raw), len(adjusted), len(labels))
-    r_raw = np.empty(k, int)
-    r_raw[np.argsort(-raw[:k], kind="stable")] = np.arange(1, k + 1)
-    r_adj = np.empty(k, int)
-    r_adj[np.argsort(-adjusted[:k], kind="stable")] = np.arange(1, k + 1)
+    r_raw, r_adj = _rank(raw[:k]), _rank(adjusted[:k])
     show = [i for i in range(k) if r_adj[i] <= top or r_raw[i] <= top]
-    show = sorted(show, key=lambda i: r_adj[i])[: max(top, 1) + 10]
+    y_raw = _lanes({i: int(r_raw[i]) for i in show}, top)
+    y_adj = _lanes({i: int(r_adj[i]) for i in show}, top)
     data = []
-    for i in show:
+    for i in sorted(show, key=lambda i: r_adj[i]):
         d = int(r_raw[i] - r_adj[i])
-        color = "#2ca02c" if d > 0 else ("#d62728" if d < 0 else "#bbbbbb")
+        color = style.KEPT if d > 0 else (style.CUT if d < 0 else style.REFERENCE)
         lab = _show(labels[i])
+        left = f"{lab}  {r_raw[i]}" if r_raw[i] > top else lab
+        right = f"{r_adj[i]}  {lab}" if r_adj[i] > top else lab
         data.append({
-            "type": "scatter", "x": ["raw rank", "after gravity"],
-            "y": [int(r_raw[i]), int(r_adj[i])], "mode": "lines+markers+text",
-            "text": [lab, f"{lab} ({'+' if d > 0 else ''}{d})"],
-            "textposition": ["middle left", "middle right"],
-            "line": {"color": color, "width": 2 if d else 1}, "showlegend": False,
+            "type": "scatter", "x": [0, 1], "y": [y_raw[i], y_adj[i]],
+            "mode": "lines+markers+text", "text": [left, f"{right} ({'+' if d > 0 else ''}{d})"],
+            "textposition": ["middle left", "middle right"], "cliponaxis": False,
+            "line": {"color": color, "width": 2.5 if d else 1}, "marker": {"size": 6},
+            "showlegend": False,
             "hovertemplate": f"{lab}: rank {r_raw[i]} → {r_adj[i]}<extra></extra>",
         })  # fmt: skip
-    lim = max([top] + [int(max(r_raw[i], r_adj[i])) for i in show]) + 0.5
-    moved = int(sum(1 for i in show if r_raw[i] != r_adj[i]))
-    layout = _base(f"{moved} of the top {top} changed rank", 30 * min(len(show), 25) + 120)
+    moved = sum(1 for i in show if r_adj[i] <= top and r_raw[i] != r_adj[i])
+    entered = sum(1 for i in show if r_adj[i] <= top < r_raw[i])
+    title = f"{moved} of the top {top} moved"  # short: it sits over a half-width column
+    if entered:
+        title += f", {entered} rose from below"
+    lanes = max([top, *y_raw.values(), *y_adj.values()])
+    layout = _base(title, 22 * lanes + 110)
     layout.update(
-        yaxis={"autorange": False, "range": [lim, 0.5], "title": {"text": "rank"}},
-        xaxis={"range": [-0.6, 1.6]},
-    )
+        yaxis={"range": [lanes + 0.6, 0.4], "visible": False},
+        xaxis={"range": [-0.75, 1.75], "tickvals": [0, 1], "side": "top",
+               "ticktext": ["raw rank", "after gravity"], "showgrid": False, "zeroline": False},
+        margin={"l": 10, "r": 10, "t": 70, "b": 10},
+    )  # fmt: skip
+    if lanes > top:
+        layout["shapes"] = [{
+            "type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y",
+            "y0": top + 0.5, "y1": top + 0.5,
+            "line": {"color": style.REFERENCE, "width": 1, "dash": "dash"},
+        }]  # fmt: skip
     return _figure(data, layout)
 
 
@@ -322,45 +456,49 @@ def step_frame(trace: Trace, results: Sequence[PruneResult] | None = None, chose
 
 def entropy_bands(params: PruneParams) -> list[tuple[float, float, str, str]]:
     """(low, high, label, colour) bands of the thresholds the settings act on, in nats."""
-    bands = [(0.0, 0.5, "confident (H < 0.5)", "rgba(44,160,44,0.08)")]
-    bands.append((3.0, 3.0 + 50.0, "uncertain (H > 3)", "rgba(214,39,40,0.06)"))
+    # reference thresholds: grey, so the entropy line keeps its contrast over them
+    bands = [(0.0, 0.5, "confident (H < 0.5)", style.rgba(style.REFERENCE, 0.12))]
+    bands.append((3.0, 3.0 + 50.0, "uncertain (H > 3)", style.rgba(style.REFERENCE, 0.18)))
+    temp = style.STAGE["temperature"]
     if params.adaptive == "target":
         t = params.target_entropy
-        bands.append((t - 0.05, t + 0.05, f"target entropy {t:g}", "rgba(31,119,180,0.35)"))
+        bands.append((t - 0.05, t + 0.05, f"target entropy {t:g}", style.rgba(temp, 0.45)))
     if params.adaptive == "mirostat":
         t = params.mirostat_tau * math.log(2.0)
-        bands.append(
-            (
-                t - 0.05,
-                t + 0.05,
-                f"mirostat τ {params.mirostat_tau:g} bits",
-                "rgba(148,103,189,0.35)",
-            )
-        )
+        label = f"mirostat τ {params.mirostat_tau:g} bits"
+        bands.append((t - 0.05, t + 0.05, label, style.rgba(temp, 0.45)))
     if params.fallback:
         t = params.fallback_collapse_threshold
-        bands.append((0.0, t, f"collapse < {t:g}", "rgba(214,39,40,0.25)"))
+        bands.append((0.0, t, f"collapse < {t:g}", style.rgba(style.CUT, 0.22)))
     return bands
 
 
-def _vlines(selected, first_diff, axes: Sequence[str] = ("",)) -> list[dict]:
-    """Shapes marking the selected step (dotted) and the first what-if change (orange)."""
+def _vlines(selected, first_diff, axes: Sequence[str] = ("",), n: int = 0) -> list[dict]:
+    """The selected step as a focus band, the first what-if change as a pink line."""
+    half = max(0.5, n / 300.0)  # at least a visible sliver on a long run
     out = []
     for sfx in axes:
-        for x, line in (
-            (selected, {"color": "#444", "width": 1, "dash": "dot"}),
-            (first_diff, {"color": "#ff7f0e", "width": 2}),
-        ):
-            if x is not None:
-                out.append({
-                    "type": "line", "x0": x, "x1": x, "xref": f"x{sfx}",
-                    "y0": 0, "y1": 1, "yref": f"y{sfx} domain", "line": line,
-                })  # fmt: skip
+        if selected is not None:
+            out.append(_band(selected, half, f"x{sfx}", f"y{sfx} domain"))
+        if first_diff is not None:
+            out.append({
+                "type": "line", "x0": first_diff, "x1": first_diff, "xref": f"x{sfx}",
+                "y0": 0, "y1": 1, "yref": f"y{sfx} domain",
+                "line": {"color": style.WHATIF, "width": 2},
+            })  # fmt: skip
     return out
 
 
 def _col(df, name: str) -> list:
     return df[name].tolist() if len(df) else []
+
+
+def _step_data(df) -> list[list]:
+    """``[step, token]`` per row: the step a click selects, and the token for the hover."""
+    return [[s, _text(t)] for s, t in zip(_col(df, "step"), _col(df, "token"), strict=True)]
+
+
+_KEEP_OPAQUE = {"marker": {"opacity": 1.0}}  # a clicked point does not dim the others
 
 
 def entropy_figure(
@@ -383,20 +521,20 @@ def entropy_figure(
         ann.append({
             "x": 0, "xref": "paper", "y": y1 if hi - lo > 0.2 else hi, "yref": "y",
             "text": label, "showarrow": False, "xanchor": "left", "yanchor": "top",
-            "font": {"size": 10, "color": "#555"},
+            "font": {"size": 11},
         })  # fmt: skip
-    steps, tokens = _col(df, "step"), [[t] for t in _col(df, "token")]
+    steps, cd = _col(df, "step"), _step_data(df)
     data = [
         {
             "type": "scatter", "x": steps, "y": _col(df, "entropy"), "name": "entropy H (nats)",
-            "mode": "lines+markers", "marker": {"size": 4}, "line": {"color": "#1f77b4"},
-            "customdata": tokens,
-            "hovertemplate": "step %{x} %{customdata[0]}<br>H=%{y:.3f} nats<extra></extra>",
+            "mode": "lines+markers", "marker": {"size": 5}, "line": {"color": style.ENTROPY},
+            "customdata": cd, "unselected": _KEEP_OPAQUE,
+            "hovertemplate": "step %{x} %{customdata[1]}<br>H=%{y:.3f} nats<extra></extra>",
         },
         {
             "type": "scatter", "x": steps, "y": _col(df, "varentropy"), "yaxis": "y2",
-            "name": "varentropy (nats²)", "mode": "lines",
-            "line": {"color": "#ff7f0e", "dash": "dot"},
+            "name": "varentropy (nats²)", "mode": "lines", "customdata": cd,
+            "line": {"color": style.VARENTROPY, "dash": "dot", "width": 2},
             "hovertemplate": "step %{x}<br>V=%{y:.3f}<extra></extra>",
         },
     ]  # fmt: skip
@@ -404,18 +542,18 @@ def entropy_figure(
     if len(fb):
         data.append({
             "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, "entropy"), "mode": "markers",
-            "name": "safety fallback fired", "marker": {"symbol": "x", "size": 11, "color": "#d62728"},
-            "customdata": [[r] for r in _col(fb, "fallback")],
-            "hovertemplate": "step %{x}: %{customdata[0]}<extra></extra>",
+            "name": "safety fallback fired", "marker": {"symbol": "x", "size": 11, "color": style.CUT},
+            "customdata": [[s, escape.plotly(f)] for s, f in zip(_col(fb, "step"), _col(fb, "fallback"), strict=True)],
+            "hovertemplate": "step %{x}: %{customdata[1]}<extra></extra>",
         })  # fmt: skip
     layout = _base(None, 360)
     layout.update(
-        shapes=shapes + _vlines(selected, first_diff),
+        shapes=shapes + _vlines(selected, first_diff, n=len(df)),
         annotations=ann,
-        xaxis={"title": {"text": "step"}, "gridcolor": "#eee"},
-        yaxis={"title": {"text": "entropy, nats"}, "range": [0, top], "gridcolor": "#eee"},
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "entropy, nats"}, "range": [0, top]},
         yaxis2={"title": {"text": "varentropy"}, "overlaying": "y", "side": "right",
-                "showgrid": False, "rangemode": "tozero"},
+                "showgrid": False, "rangemode": "tozero", "tickmode": "auto", "nticks": 6},
     )  # fmt: skip
     return _figure(data, layout)
 
@@ -425,61 +563,70 @@ def thermo_figure(df, *, selected: int | None = None, first_diff: int | None = N
     titles = ["effective temperature", "free energy F = −T log Σ exp(s/T)", "kept-set size"]
     layout = _base(None, 560)
     layout.update(_stacked(3, titles, 0.07))
-    series = [("temperature", "#1f77b4"), ("free_energy", "#9467bd"), ("n_kept", "#2ca02c")]
-    steps, tokens = _col(df, "step"), [[t] for t in _col(df, "token")]
+    series = [
+        ("temperature", style.STAGE["temperature"]),
+        ("free_energy", style.FREE_ENERGY),
+        ("n_kept", style.KEPT),
+    ]
+    steps, cd = _col(df, "step"), _step_data(df)
     fb = df[df["fallback"] != ""] if len(df) else df
     data = []
     for r, (col, color) in enumerate(series, start=1):
         sfx = "" if r == 1 else str(r)
         data.append({
             "type": "scatter", "x": steps, "y": _col(df, col), "mode": "lines+markers",
-            "marker": {"size": 3}, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": col,
+            "marker": {"size": 4}, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": col,
             "line": {"color": color, "shape": "hv" if col == "n_kept" else "linear"},
-            "showlegend": False, "customdata": tokens,
-            "hovertemplate": "step %{x} %{customdata[0]}<br>%{y:.4g}<extra>" + col + "</extra>",
+            "showlegend": False, "customdata": cd, "unselected": _KEEP_OPAQUE,
+            "hovertemplate": "step %{x} %{customdata[1]}<br>%{y:.4g}<extra>" + col + "</extra>",
         })  # fmt: skip
         if len(fb):
             data.append({
                 "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, col), "mode": "markers",
-                "marker": {"symbol": "x", "size": 10, "color": "#d62728"},
+                "marker": {"symbol": "x", "size": 10, "color": style.CUT},
                 "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": "safety fallback",
-                "showlegend": r == 1, "customdata": [[f] for f in _col(fb, "fallback")],
-                "hovertemplate": "%{customdata[0]}<extra></extra>",
+                "showlegend": r == 1,
+                "customdata": [[s, escape.plotly(f)] for s, f in zip(_col(fb, "step"), _col(fb, "fallback"), strict=True)],
+                "hovertemplate": "%{customdata[1]}<extra></extra>",
             })  # fmt: skip
-    layout["shapes"] = _vlines(selected, first_diff, ("", "2", "3"))
+    layout["shapes"] = _vlines(selected, first_diff, ("", "2", "3"), n=len(df))
     layout["xaxis3"]["title"] = {"text": "step"}
     if len(df) and df["n_kept"].max() > 50:
-        layout["yaxis3"]["type"] = "log"
+        # powers of ten only, written out: "1,000  10,000" rather than "2 5 10k"
+        layout["yaxis3"].update(type="log", dtick=1, tickformat=",d")
     return _figure(data, layout)
 
 
 def entropy_scatter(df, *, selected: int | None = None) -> go.Figure:
     """Entropy × varentropy, one point per step, coloured by what the sampler did."""
     data = []
+    if selected is not None and 0 <= selected < len(df):
+        row = df.iloc[selected]
+        data.append({
+            "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
+            "mode": "markers", "name": f"selected step {selected}", "hoverinfo": "skip",
+            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
+        })  # fmt: skip
     for action, color in ACTION_COLOR.items():
         sub = df[df["action"] == action] if len(df) else df
         if not len(sub):
             continue
         data.append({
             "type": "scatter", "x": _col(sub, "entropy"), "y": _col(sub, "varentropy"),
-            "mode": "markers", "name": action,
-            "marker": {"color": color, "size": 8, "opacity": 0.8,
+            "mode": "markers", "name": action, "unselected": _KEEP_OPAQUE,
+            "marker": {"color": color, "size": 8, "opacity": 0.85,
                        "symbol": "x" if action == "safety fallback" else "circle"},
-            "customdata": sub[["step", "token", "rank"]].values.tolist(),
+            "customdata": [[s, _text(t), r] for s, t, r in
+                           zip(_col(sub, "step"), _col(sub, "token"), _col(sub, "rank"), strict=True)],
             "hovertemplate": "step %{customdata[0]} %{customdata[1]} (rank %{customdata[2]})"
             "<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
         })  # fmt: skip
-    if selected is not None and 0 <= selected < len(df):
-        row = df.iloc[selected]
-        data.append({
-            "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
-            "mode": "markers", "name": "selected step",
-            "marker": {"size": 16, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "#000"}},
-        })  # fmt: skip
-    layout = _base(None, 380)
+    layout = _base(None, 400)
     layout.update(
-        xaxis={"title": {"text": "entropy H, nats"}, "gridcolor": "#eee"},
-        yaxis={"title": {"text": "varentropy, nats²"}, "gridcolor": "#eee"},
+        xaxis={"title": {"text": "entropy H, nats"}},
+        yaxis={"title": {"text": "varentropy, nats²"}},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0.0},
+        margin={"l": 50, "r": 20, "t": 20, "b": 40},
     )
     return _figure(data, layout)
 
@@ -507,6 +654,25 @@ def bin_columns(
     return red, starts
 
 
+def _log_mass(m: np.ndarray) -> np.ndarray:
+    """log10 of attention mass, floored at ``ATT_FLOOR``; NaN (no position yet) stays NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.log10(np.maximum(m, ATT_FLOOR))
+
+
+def _attention_trace(z: np.ndarray, x, y, **kw) -> dict:
+    """A heatmap on the shared attention scale: the same colours mean the same mass."""
+    lo = int(round(math.log10(ATT_FLOOR)))
+    ticks = list(range(lo, 1))
+    return {
+        "type": "heatmap", "z": _log_mass(z).tolist(), "x": list(x), "y": list(y),
+        "zmin": lo, "zmax": 0, "colorscale": style.ATTENTION_SCALE,
+        "colorbar": {"title": {"text": "mass"}, "tickvals": ticks,
+                     "ticktext": [f"≤{10.0**lo:g}"] + [f"{10.0**t:g}" for t in ticks[1:]]},
+        **kw,
+    }  # fmt: skip
+
+
 def attention_heatmap(
     attention: np.ndarray,
     labels: Sequence[str],
@@ -517,6 +683,8 @@ def attention_heatmap(
     max_cols: int = MAX_COLS,
 ) -> go.Figure:
     """Attention mass, layers × context tokens, for one step (mean over the chosen heads).
+
+    Coloured by log10 of the mass (see the module docstring); the hover gives the mass.
 
     Parameters
     ----------
@@ -536,22 +704,27 @@ def attention_heatmap(
         off, stop = max(0, window[0]), min(m.shape[1], window[1])
         m, lab = m[:, off:stop], lab[off:stop]
     m, starts = bin_columns(m, max_cols)
+    xs = [off + int(s) for s in starts]
     if len(starts) < len(lab):
-        ends = list(starts[1:]) + [len(lab)]
-        xs = [f"{off + s}–{off + e - 1}" for s, e in zip(starts, ends, strict=True)]
-        hover = "positions %{x}<br>layer %{y}<br>mass %{z:.4f}<extra></extra>"
+        ends = [off + int(e) - 1 for e in list(starts[1:]) + [len(lab)]]
+        names = [f"positions {s}–{e}" for s, e in zip(xs, ends, strict=True)]
     else:
-        xs = [f"{off + i}:{_show(lab[i])}" for i in range(len(lab))]
-        hover = "%{x}<br>layer %{y}<br>attention %{z:.4f}<extra></extra>"
-    fig = go.Figure(
-        go.Heatmap(
-            z=m, x=xs, y=[str(i) for i in lay], colorscale="Viridis",
-            colorbar={"title": "mass"}, hovertemplate=hover,
-        )
+        names = [f"position {off + i} {_show(t)}" for i, t in enumerate(lab)]
+    text = [[f"{v:.4f}" for v in row] for row in m.tolist()]
+    trace = _attention_trace(
+        m, xs, [str(i) for i in lay], text=text, customdata=[names] * len(lay),
+        hovertemplate="%{customdata}<br>layer %{y}<br>mass %{text}<extra></extra>",
     )  # fmt: skip
-    fig.update_yaxes(title="layer", autorange="reversed", type="category")
-    fig.update_xaxes(title="context position", tickangle=-60, tickfont={"size": 9}, type="category")
-    return _layout(fig, None, max(320, 14 * len(lay) + 160))
+    xaxis: dict = {"title": {"text": "context position"}}
+    if len(xs) <= LABELLED_COLS and len(starts) == len(lab):
+        xaxis.update(tickvals=xs, ticktext=[f"{x} {_show(t)}" for x, t in zip(xs, lab, strict=True)],
+                     tickangle=-45 if len(xs) <= 32 else -90, tickfont={"size": 11})  # fmt: skip
+    layout = _base(None, max(320, 14 * len(lay) + 170))
+    layout.update(
+        xaxis=xaxis,
+        yaxis={"title": {"text": "layer"}, "autorange": "reversed", "type": "category"},
+    )
+    return _figure([trace], layout)
 
 
 def attention_flow(
@@ -563,7 +736,11 @@ def attention_flow(
     max_cols: int = MAX_COLS,
     max_rows: int = MAX_ROWS,
 ) -> go.Figure:
-    """Steps × original positions: where each step's attention mass sat (mean of layers/heads)."""
+    """Steps × original positions: where each step's attention mass sat (mean of layers/heads).
+
+    Same colours as :func:`attention_heatmap` (log10 of the mass); positions a step had not
+    written yet, or had evicted, are blank.
+    """
     idx = list(range(len(steps)))
     if len(idx) > max_rows:
         idx = np.unique(np.linspace(0, len(steps) - 1, max_rows).astype(int)).tolist()
@@ -581,37 +758,46 @@ def attention_flow(
         pos = rec.cache_positions.long().numpy()
         ok = pos < n_positions
         mat[r, pos[ok]] = row[ok]
-    filled = np.nan_to_num(mat, nan=0.0)
-    binned, starts = bin_columns(filled, max_cols)
-    fig = go.Figure(
-        go.Heatmap(
-            z=np.sqrt(binned), x=starts, y=idx, colorscale="Magma", reversescale=True,
-            colorbar={"title": "√mass"},
-            hovertemplate="step %{y}<br>position %{x}<br>√mass %{z:.3f}<extra></extra>",
-        )
-    )  # fmt: skip
-    fig.update_yaxes(title="step", autorange="reversed")
-    fig.update_xaxes(title="original position")
-    return _layout(fig, None, 420)
+    if n_positions > max_cols:
+        written = ~np.isnan(mat)
+        binned, starts = bin_columns(np.nan_to_num(mat, nan=0.0), max_cols)
+        seen, _ = bin_columns(written.astype(np.float32), max_cols)
+        binned[seen == 0] = np.nan
+        hover = "step %{y}<br>positions from %{x}<br>mass %{text}<extra></extra>"
+    else:
+        binned, starts = mat, np.arange(n_positions)
+        hover = "step %{y}<br>position %{x}<br>mass %{text}<extra></extra>"
+    text = [["" if math.isnan(v) else f"{v:.4f}" for v in row] for row in binned.tolist()]
+    trace = _attention_trace(binned, [int(s) for s in starts], idx, text=text,
+                             hovertemplate=hover, hoverongaps=False)  # fmt: skip
+    layout = _base(None, 420)
+    layout.update(
+        xaxis={"title": {"text": "original position"}},
+        yaxis={"title": {"text": "step"}, "autorange": "reversed"},
+    )
+    return _figure([trace], layout)
 
 
 def gravity_terms_figure(
     labels: Sequence[str], terms: np.ndarray, top: int = 20, positions: Sequence[int] | None = None
 ) -> go.Figure:
-    """The terms ``m_i·sim(w, t_i)`` of G for the chosen token, largest |term| first."""
+    """The terms ``m_i·sim(w, t_i)`` of G for the chosen token, largest |term| first.
+
+    Green pulled the token (positive term), red pushed it away.
+    """
     terms = np.asarray(terms, float)
     pos = list(range(len(terms))) if positions is None else [int(p) for p in positions]
     order = np.argsort(-np.abs(terms), kind="stable")[:top]
     order = order[::-1]
     fig = go.Figure(
         go.Bar(
-            x=terms[order], y=[f"{pos[i]}:{_show(labels[i])}" for i in order], orientation="h",
-            marker_color=["#2ca02c" if terms[i] >= 0 else "#d62728" for i in order],
+            x=terms[order], y=[f"{pos[i]} {_show(labels[i])}" for i in order], orientation="h",
+            marker_color=[style.KEPT if terms[i] >= 0 else style.CUT for i in order],
             hovertemplate="%{y}<br>m·sim = %{x:.5f}<extra></extra>",
         )
     )  # fmt: skip
     fig.update_xaxes(title="contribution m_i · sim(w, t_i)")
-    fig.update_yaxes(type="category")
+    fig.update_yaxes(type="category", tickfont={"size": 11})
     return _layout(fig, None, 22 * len(order) + 100)
 
 
@@ -627,7 +813,7 @@ def kv_timeline_figure(
     max_cols: int = MAX_COLS,
     max_rows: int = MAX_ROWS,
 ) -> go.Figure:
-    """Steps × original positions: kept (1), evicted (0), not yet written (blank).
+    """Steps × original positions: kept (green), evicted (red), not yet written (blank).
 
     Hover shows the policy's score where the step's eviction record has one.
     """
@@ -660,10 +846,9 @@ def kv_timeline_figure(
         hover = "step %{y}<br>position %{x}<br>kept %{z}<br>score %{customdata:.4g}<extra></extra>"
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=xs, y=idx, customdata=score, zmin=0, zmax=1,
-            colorscale=[[0, "#f4a582"], [1, "#2166ac"]],
+            z=z, x=xs, y=idx, customdata=score, zmin=0, zmax=1, colorscale=style.KV_SCALE,
             colorbar={"title": "kept", "tickvals": [0, 1], "ticktext": ["evicted", "kept"]},
-            hovertemplate=hover,
+            hovertemplate=hover, hoverongaps=False,
         )
     )  # fmt: skip
     fig.update_yaxes(title="step", autorange="reversed")
@@ -679,14 +864,16 @@ def cache_bytes_figure(
     y = [s.cache_bytes / 1024.0 for s in steps]
     fig = go.Figure()
     fig.add_scatter(
-        x=x, y=y, mode="lines+markers", name="measured cache", marker={"size": 4},
+        x=x, y=y, mode="lines+markers", name="measured cache", marker={"size": 5},
+        line={"color": style.CACHE}, customdata=[[i] for i in x],
+        unselected={"marker": {"opacity": 1.0}},
         hovertemplate="step %{x}<br>%{y:.1f} KiB<extra></extra>",
     )  # fmt: skip
     if bytes_per_token:
         full = [bytes_per_token * s.position / 1024.0 for s in steps]
         fig.add_scatter(
             x=x, y=full, mode="lines", name="no eviction: 2·L·kv_heads·head_dim·bytes × tokens",
-            line={"dash": "dash", "color": "#888"},
+            line={"dash": "dash", "color": style.REFERENCE},
         )  # fmt: skip
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="KV cache, KiB", rangemode="tozero")
@@ -705,12 +892,14 @@ def kv_eval_figure(rows: Sequence[dict], *, x: str = "budget", ys: Sequence[str]
         c for c in df.columns if c not in (x, "policy") and pd.api.types.is_numeric_dtype(df[c])
     ][:1]
     group = "policy" if "policy" in df.columns else None
-    for metric in metrics:
-        for name, sub in df.groupby(group) if group else [("all", df)]:
+    dashes = ("solid", "dot", "dash", "dashdot")
+    for m, metric in enumerate(metrics):
+        for k, (name, sub) in enumerate(df.groupby(group) if group else [("all", df)]):
             sub = sub.sort_values(x)
             fig.add_scatter(
                 x=sub[x], y=sub[metric], mode="lines+markers",
                 name=f"{name} · {metric}" if len(metrics) > 1 else str(name),
+                line={"color": style.policy_color(str(name), k), "dash": dashes[m % len(dashes)]},
                 hovertemplate=f"{name}<br>{x} %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
             )  # fmt: skip
     fig.update_xaxes(title=x)
@@ -736,17 +925,19 @@ def timing_figure(
     fig.add_bar(
         x=["prefill total", "prefill per token", "decode median"],
         y=[1e3 * prefill_seconds, per_tok, float(np.median(ms)) if ms else 0.0],
-        marker_color=["#9467bd", "#c5b0d5", "#1f77b4"], showlegend=False,
-        hovertemplate="%{x}: %{y:.2f} ms<extra></extra>", row=1, col=1,
+        marker_color=[style.PREFILL, style.rgba(style.PREFILL, 0.55), style.DECODE],
+        showlegend=False, hovertemplate="%{x}: %{y:.2f} ms<extra></extra>", row=1, col=1,
     )  # fmt: skip
     fig.add_scatter(
-        x=list(range(len(ms))), y=ms, mode="lines+markers", marker={"size": 3},
-        name="decode forward", showlegend=False, row=1, col=2,
+        x=list(range(1, len(ms) + 1)), y=ms, mode="lines+markers", marker={"size": 4},
+        line={"color": style.DECODE}, name="decode forward", showlegend=False, row=1, col=2,
         hovertemplate="step %{x}: %{y:.2f} ms<extra></extra>",
     )  # fmt: skip
-    fig.update_yaxes(title="ms", row=1, col=1)
+    fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(tickangle=-30, row=1, col=1)
     fig.update_xaxes(title="step", row=1, col=2)
-    return _layout(fig, None, 320)
+    return _layout(fig, None, 340)
 
 
 def prefill_scaling_figure(lengths: Sequence[int], seconds: Sequence[float]) -> go.Figure:
@@ -755,7 +946,7 @@ def prefill_scaling_figure(lengths: Sequence[int], seconds: Sequence[float]) -> 
     t = 1e3 * np.asarray(seconds, float)
     fig = go.Figure()
     fig.add_scatter(
-        x=n, y=t, mode="markers", name="measured", marker={"size": 9},
+        x=n, y=t, mode="markers", name="measured", marker={"size": 10, "color": style.PREFILL},
         hovertemplate="%{x:.0f} tokens: %{y:.1f} ms<extra></extra>",
     )  # fmt: skip
     title = None
@@ -764,12 +955,12 @@ def prefill_scaling_figure(lengths: Sequence[int], seconds: Sequence[float]) -> 
         grid = np.linspace(0, n.max(), 100)
         fig.add_scatter(
             x=grid, y=np.polyval(coef, grid), mode="lines", name="fit a + b·n + c·n²",
-            line={"color": "#1f77b4"},
+            line={"color": style.PREFILL},
         )  # fmt: skip
         lin = np.polyval([0.0, coef[1], coef[2]], grid)
         fig.add_scatter(
             x=grid, y=lin, mode="lines", name="linear part a + b·n",
-            line={"dash": "dot", "color": "#888"},
+            line={"dash": "dot", "color": style.REFERENCE},
         )  # fmt: skip
         share = coef[0] * n.max() ** 2 / max(np.polyval(coef, n.max()), 1e-9)
         if coef[0] > 0:
@@ -778,7 +969,10 @@ def prefill_scaling_figure(lengths: Sequence[int], seconds: Sequence[float]) -> 
             title = "no quadratic term measurable at these lengths (timings noisy: measure again)"
     fig.update_xaxes(title="prompt length, tokens", rangemode="tozero")
     fig.update_yaxes(title="prefill time, ms", rangemode="tozero")
-    return _layout(fig, title, 340)
+    _layout(fig, title, 360)
+    # below the plot: the title takes the top-left
+    fig.update_layout(legend={"yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0})
+    return fig
 
 
 def chain_stages(params: PruneParams) -> list[tuple[str, str]]:
@@ -821,44 +1015,67 @@ def chain_stages(params: PruneParams) -> list[tuple[str, str]]:
     return out
 
 
-def chain_figure(params: PruneParams) -> go.Figure:
-    """The sampling chain drawn as boxes and arrows, from the live settings."""
+_CHAIN_COLOR = {
+    "logits": style.REFERENCE,
+    "gravity": style.STAGE["gravity"],
+    "temperature": style.STAGE["temperature"],
+    "greedy": style.STAGE["temperature"],
+    "mirostat": style.STAGE["temperature"],
+    "renormalise": style.KEPT,
+    "sample": style.KEPT,
+}  # the filters cut: style.CUT
+
+
+def chain_figure(params: PruneParams, *, per_row: int = 5) -> go.Figure:
+    """The sampling chain drawn as boxes and arrows, from the live settings.
+
+    Captions are wrapped under their box so neighbours never overlap.
+    """
     stages = chain_stages(params)
     n = len(stages)
-    per_row = 5
     xs, ys = [], []
     for i in range(n):
         row, col = divmod(i, per_row)
         xs.append(col if row % 2 == 0 else per_row - 1 - col)
         ys.append(-row)
-    ann = [
-        {
-            "x": xs[i + 1], "y": ys[i + 1], "ax": xs[i], "ay": ys[i], "xref": "x", "yref": "y",
-            "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3, "arrowsize": 1.2,
-            "arrowwidth": 1.5, "arrowcolor": "#888", "standoff": 38, "startstandoff": 38,
-            "text": "",
-        }
-        for i in range(n - 1)
-    ]  # fmt: skip
+    arrow = {"xref": "x", "yref": "y", "axref": "x", "ayref": "y", "showarrow": True,
+             "arrowhead": 3, "arrowsize": 1.2, "arrowwidth": 1.5, "arrowcolor": style.REFERENCE,
+             "standoff": 22, "text": ""}  # fmt: skip
+    ann, elbows = [], []
+    for i in range(n - 1):
+        if ys[i + 1] == ys[i]:
+            ann.append({**arrow, "x": xs[i + 1], "y": ys[i + 1], "ax": xs[i], "ay": ys[i],
+                        "startstandoff": 22})  # fmt: skip
+            continue
+        # to the next row: out past the captions, down, and back in (never across a caption)
+        side = 0.5 if xs[i] == per_row - 1 else -0.5
+        x, y0, y1 = xs[i], ys[i], ys[i + 1]
+        elbows.append({
+            "type": "path", "xref": "x", "yref": "y",
+            "path": f"M {x + side / 4},{y0} L {x + side},{y0} L {x + side},{y1}",
+            "line": {"color": style.REFERENCE, "width": 1.5},
+        })  # fmt: skip
+        ann.append({**arrow, "x": x, "y": y1, "ax": x + side, "ay": y1, "startstandoff": 0})
     ann += [
-        {"x": x, "y": y - 0.28, "text": st[1], "showarrow": False, "xref": "x", "yref": "y",
-         "font": {"size": 10, "color": "#444"}}
+        {"x": x, "y": y - 0.2, "text": "<br>".join(textwrap.wrap(st[1], 22)) or " ",
+         "showarrow": False, "xref": "x", "yref": "y", "yanchor": "top", "font": {"size": 11}}
         for x, y, st in zip(xs, ys, stages, strict=True)
     ]  # fmt: skip
-    colors = {"logits": "#8c8c8c", "gravity": "#9467bd", "temperature": "#1f77b4",
-              "greedy": "#2ca02c", "sample": "#d62728", "fallback": "#d62728"}  # fmt: skip
     data = [{
         "type": "scatter", "x": xs, "y": ys, "mode": "markers+text",
         "text": [f"<b>{i + 1}. {s[0]}</b>" for i, s in enumerate(stages)],
-        "textposition": "top center", "customdata": [s[1] for s in stages],
-        "marker": {"size": 30, "symbol": "square", "color": [colors.get(s[0], "#ff7f0e") for s in stages]},
+        "textposition": "top center", "customdata": [s[1] for s in stages], "cliponaxis": False,
+        "marker": {"size": 28, "symbol": "square",
+                   "color": [_CHAIN_COLOR.get(s[0], style.CUT) for s in stages]},
         "hovertemplate": "%{text}<br>%{customdata}<extra></extra>", "showlegend": False,
     }]  # fmt: skip
     rows = (n - 1) // per_row + 1
-    layout = _base(None, 150 * rows + 40)
+    layout = _base(None, 170 * rows + 30)
     layout.update(
         annotations=ann,
-        xaxis={"visible": False, "range": [-0.6, per_row - 0.4]},
-        yaxis={"visible": False, "range": [-rows + 0.45, 0.45]},
+        shapes=elbows,
+        xaxis={"visible": False, "range": [-0.75, per_row - 0.25]},
+        yaxis={"visible": False, "range": [-rows + 0.3, 0.4]},
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
     )
     return _figure(data, layout)

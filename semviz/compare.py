@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from semviz.metrics import METRIC_INFO, RunMetrics, run_metrics
 from semviz.presets import PRESETS
 from semviz.sampling import PruneParams, parse_field
+from semviz.style import SIDES, WHATIF, rgba
 from semviz.trace import StepRecord, Trace
 
 __all__ = [
@@ -120,8 +121,11 @@ def text_diff(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, str, str]]:
     return [(op, "".join(a[i1:i2]), "".join(b[j1:j2])) for op, i1, i2, j1, j2 in sm.get_opcodes()]
 
 
+DIFF_BG = (rgba(SIDES[0], 0.28), rgba(SIDES[1], 0.28))  # A's and B's changed runs
+
+
 def diff_html(a: Sequence[str], b: Sequence[str]) -> tuple[str, str]:
-    """Both texts as HTML with the differing runs highlighted (red in A, green in B)."""
+    """Both texts as HTML with the differing runs tinted in their side's colour."""
     left, right = [], []
     for op, x, y in text_diff(a, b):
         ex, ey = html.escape(x), html.escape(y)
@@ -130,9 +134,9 @@ def diff_html(a: Sequence[str], b: Sequence[str]) -> tuple[str, str]:
             right.append(ey)
         else:
             if x:
-                left.append(f'<span style="background:#fdd">{ex}</span>')
+                left.append(f'<span style="background:{DIFF_BG[0]}">{ex}</span>')
             if y:
-                right.append(f'<span style="background:#dfd">{ey}</span>')
+                right.append(f'<span style="background:{DIFF_BG[1]}">{ey}</span>')
     style = "font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word"
     return (f'<div style="{style}">{"".join(p)}</div>' for p in (left, right))  # type: ignore[return-value]
 
@@ -307,7 +311,7 @@ def mean_rows(per_prompt: Sequence[Sequence[RunMetrics]], labels: Sequence[str])
 
 # -- figure ---------------------------------------------------------------------------------
 
-SIDE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+SIDE_COLORS = SIDES  # one colour per side, in the line and in its text
 
 
 def comparison_figure(cmp: Comparison):
@@ -337,16 +341,16 @@ def comparison_figure(cmp: Comparison):
     fd = cmp.first_divergence() if len(cmp.traces) >= 2 else None
     if fd is not None:
         for r in (1, 2):
-            fig.add_vline(x=fd, line={"color": "#ff7f0e", "width": 2}, row=r, col=1)
+            fig.add_vline(x=fd, line={"color": WHATIF, "width": 2}, row=r, col=1)
         fig.add_annotation(
             x=fd, y=1.0, xref="x", yref="paper", text=f"first divergence: step {fd}",
-            showarrow=False, xanchor="left", yanchor="bottom", font={"color": "#ff7f0e"},
+            showarrow=False, xanchor="left", yanchor="bottom", font={"color": WHATIF},
         )  # fmt: skip
     if any(s.n_kept > 50 for tr in cmp.traces for s in tr.steps):
         fig.update_yaxes(type="log", row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)
     fig.update_layout(
-        template="plotly_white", height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.15, "x": 0.0},
     )  # fmt: skip
     return fig

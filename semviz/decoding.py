@@ -145,6 +145,7 @@ class Decoder:
         self.settings = settings or DecodeSettings()
         if self.settings.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        lm.check_params(self.params)
         self.eviction = eviction
         self.prompt = prompt
         if prompt_ids is not None:
@@ -519,6 +520,7 @@ class Decoder:
         """
         k = max(0, min(int(k), self.n_steps))
         if params is not None:
+            self.lm.check_params(params)
             self.params = params
         kept = self.trace.steps[:k]
         if self.eviction is None and k > 0:

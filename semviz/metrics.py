@@ -17,6 +17,12 @@ Definitions, over the generated tokens only (the prompt is not counted):
 - ``mean_kept``: mean size of the final kept set.
 - ``tokens_per_s``: steps / (model forward + semviz time), so prefill and I/O are excluded.
 
+Word-level metrics of a finished text (:func:`words`, :func:`word_metrics`) use the same
+n-gram definitions over lower-cased words instead of token ids, so texts from different
+tokenizers compare. A text with fewer than ``n`` words has no n-gram: its distinct-n and
+repetition are undefined (NaN) and left out of averages, rather than counted as fully
+repeated; callers report how many texts were that short (``n_words``) beside the mean.
+
 Examples
 --------
 >>> distinct_n([1, 2, 1, 2], 1)
@@ -25,12 +31,15 @@ Examples
 0.6666666666666666
 >>> repetition_rate([1, 2, 3, 4, 1, 2, 3, 4], n=4)
 0.2
+>>> words("It's a cat, a CAT!")
+["it's", 'a', 'cat', 'a', 'cat']
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
 from semviz.trace import StepRecord, Trace
@@ -42,6 +51,8 @@ __all__ = [
     "pruned_mass",
     "repetition_rate",
     "run_metrics",
+    "word_metrics",
+    "words",
 ]
 
 REPETITION_N = 4
@@ -60,11 +71,11 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
 }
 
 
-def _ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
+def _ngrams(ids: Sequence[Hashable], n: int) -> list[tuple]:
     return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
 
 
-def distinct_n(ids: Sequence[int], n: int) -> float:
+def distinct_n(ids: Sequence[Hashable], n: int) -> float:
     """Distinct n-grams over all n-grams; nan when the text is shorter than ``n``."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -74,11 +85,11 @@ def distinct_n(ids: Sequence[int], n: int) -> float:
     return len(set(grams)) / len(grams)
 
 
-def repetition_rate(ids: Sequence[int], n: int = REPETITION_N) -> float:
+def repetition_rate(ids: Sequence[Hashable], n: int = REPETITION_N) -> float:
     """Share of n-grams that occurred earlier in ``ids``; nan when shorter than ``n``."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    seen: set[tuple[int, ...]] = set()
+    seen: set[tuple] = set()
     repeats = 0
     grams = _ngrams(list(ids), n)
     for g in grams:
@@ -86,6 +97,38 @@ def repetition_rate(ids: Sequence[int], n: int = REPETITION_N) -> float:
             repeats += 1
         seen.add(g)
     return repeats / len(grams) if grams else float("nan")
+
+
+_WORD = re.compile(r"\w+(?:'\w+)*")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words of ``text``: runs of letters, digits and ``_`` (``it's`` is one word).
+
+    Punctuation and whitespace separate words and are not words themselves, so a text's
+    layout (newlines, code indentation) does not count as variety or as repetition.
+    """
+    return _WORD.findall(text.lower())
+
+
+def word_metrics(text: str, n_rep: int = REPETITION_N) -> dict[str, float]:
+    """Word-level ``n_words``, ``distinct_1``, ``distinct_2`` and ``repetition`` of a text.
+
+    ``repetition`` is :func:`repetition_rate` over word ``n_rep``-grams. Values a text is
+    too short for are NaN (see the module docstring).
+
+    Examples
+    --------
+    >>> word_metrics("the cat sat on the cat sat on")["repetition"]  # 1 of 5 four-grams
+    0.2
+    """
+    w = words(text)
+    return {
+        "n_words": float(len(w)),
+        "distinct_1": distinct_n(w, 1),
+        "distinct_2": distinct_n(w, 2),
+        "repetition": repetition_rate(w, n_rep),
+    }
 
 
 def pruned_mass(rec: StepRecord) -> float:

@@ -76,6 +76,14 @@ class LoadedModel:
     def is_chat(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    def check_params(self, params) -> None:
+        """Raise ``ValueError`` naming the field if ``params`` index layers or heads this model
+        does not have (``gravity_layers``, ``gravity_heads``)."""
+        from semviz.sampling import check_model_shape
+
+        c = self.model.config
+        check_model_shape(params, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads)
+
     def summary(self) -> dict:
         """Config facts that traces and the pipeline page show.
 

@@ -37,7 +37,7 @@ import torch
 
 from semviz import gravity as grav
 from semviz import sampling
-from semviz.sampling import PruneParams, PruneResult
+from semviz.sampling import PruneParams, PruneResult, check_model_shape
 from semviz.trace import Trace
 
 _GRAVITY_KEYS = ("gravity_mass", "gravity_sim", "gravity_space", "gravity_layers", "gravity_heads")
@@ -235,6 +235,9 @@ def replay(
     t0 = time.perf_counter()
     note = None
     gravities = None
+    if model is not None:  # recomputed gravity indexes the attention by these layers and heads
+        c = model.config
+        check_model_shape(params, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads)
     if _needs_new_gravity(trace, params):
         if model is None:
             note = (

@@ -38,12 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
-from semviz import charts
+from semviz import charts, files, style
 from semviz.metrics import METRIC_INFO, run_metrics
+from semviz.replay import WhatIf
 from semviz.sampling import PruneParams
 from semviz.trace import Trace
 
 __all__ = [
+    "OUTPUTS",
     "PNG_WIDTH",
     "Report",
     "View",
@@ -51,12 +53,14 @@ __all__ = [
     "chromium_path",
     "export_pngs",
     "report_html",
+    "shown_state",
     "trace_params",
     "views",
     "zip_bytes",
 ]
 
 FORMAT = "semviz-report"
+OUTPUTS = ("report.html", "report.json", "trace.json", "trace.parquet", "png")  # what build writes
 PNG_WIDTH = 1000
 Progress = Callable[[str, float], None]
 
@@ -76,8 +80,17 @@ class View:
         h = self.figure.layout.height
         return int(h) if h else 450
 
+    def exported(self):
+        """The figure as a file shows it: on the light export template, whatever theme the
+        app gave it."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure(self.figure)
+        fig.update_layout(template=style.EXPORT_TEMPLATE)
+        return fig
+
     def json(self) -> dict:
-        """The figure as plain JSON (what the HTML embeds)."""
+        """The figure as plain JSON (what the HTML embeds; the page adds the template)."""
         return json.loads(self.figure.to_json())
 
 
@@ -121,77 +134,122 @@ def _labeler(trace: Trace, tokenizer) -> Callable[[Sequence[int]], list[str]]:
     return labels
 
 
-def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[View]:
+def views(
+    trace: Trace, *, tokenizer=None, selected: int | None = None, whatif: WhatIf | None = None
+) -> list[View]:
     """The report's charts for ``trace``, at step ``selected`` (default: the last step).
 
     ``tokenizer`` turns candidate ids into text for the per-step charts; without one the
-    candidates the trace never decoded are shown as ``#id``.
+    candidates the trace never decoded are shown as ``#id``. With ``whatif`` (a
+    :func:`semviz.replay.replay` of this trace under other settings) the sampling charts
+    (entropy, temperature, kept set, the step's distribution and waterfall, the chain) show
+    the replay; attention, cache and timing are the recorded run's either way.
     """
     steps = trace.steps
-    params = trace_params(trace)
-    out: list[View] = []
+    params = whatif.params if whatif is not None else trace_params(trace)
     if not steps:
-        out.append(
-            View(
-                "chain",
-                "The sampling chain",
-                "The settings the run used, as the core runs them.",
-                charts.chain_figure(params),
-            )  # fmt: skip
-        )
-        return out
+        chain = charts.chain_figure(params)
+        return [View("chain", "The sampling chain", "The settings, as the core runs them.", chain)]
     n = len(steps)
     sel = n - 1 if selected is None else max(0, min(int(selected), n - 1))
-    rec = steps[sel]
-    labels = _labeler(trace, tokenizer)
-    df = charts.step_frame(trace)
-    ctx_tokens = [_printable(t) for t in list(trace.prompt_tokens) + [s.token_text for s in steps]]
+    out = _run_views(trace, params, sel, whatif)
+    out += _step_views(trace, sel, _labeler(trace, tokenizer), whatif)
+    out += _recorded_views(trace, sel)
     out.append(View(
-        "entropy", "Entropy and varentropy per step",
-        "Raw next-token entropy (nats) with the thresholds the settings act on; the dotted line is "
-        f"the selected step ({sel}).",
-        charts.entropy_figure(df, params, selected=sel),
+        "chain", "The sampling chain",
+        "The settings " + ("of the what-if" if whatif is not None else "the run used")
+        + ", in the order the core runs them.",
+        charts.chain_figure(params),
+        width=1400,  # five boxes a row with their captions need the room
     ))  # fmt: skip
-    out.append(View(
-        "thermo", "Effective temperature, free energy and kept-set size",
-        "What the sampler did at each step; crosses mark the safety fallback.",
-        charts.thermo_figure(df, selected=sel),
-    ))  # fmt: skip
-    out.append(View(
-        "entropy_scatter", "Entropy × varentropy",
-        "One point per step, coloured by what the sampler did.",
-        charts.entropy_scatter(df, selected=sel),
-    ))  # fmt: skip
-    stages = charts.step_stages(rec)
-    final = stages.get("final")
-    kept = None if final is None else np.asarray(final) > 0
-    top = min(charts.TOP, rec.cand_ids.numel())
-    out.append(View(
-        "distribution", f"Step {sel}: the distribution at each stage",
-        f"Top {top} candidates by raw logit; the outlined bar is the token taken "
-        f"({rec.token_text!r}), grey bars were pruned.",
-        charts.distribution_figure(
-            labels(rec.cand_ids[:top].tolist()), stages, kept=kept, chosen=rec.chosen_rank
+    return out
+
+
+def _run_views(trace: Trace, params: PruneParams, sel: int, whatif: WhatIf | None) -> list[View]:
+    """Entropy, temperature and kept set over the steps (the replay's under a what-if)."""
+    if whatif is not None:
+        df = charts.step_frame(trace, whatif.results, whatif.chosen)
+        first = whatif.first_diff
+    else:
+        df, first = charts.step_frame(trace), None
+    mark = f"the yellow band is the selected step ({sel})"
+    if first is not None:
+        mark += f", the pink line the first step the what-if changes ({first})"
+    return [
+        View(
+            "entropy", "Entropy and varentropy per step",
+            f"Raw next-token entropy (nats) with the thresholds the settings act on; {mark}.",
+            charts.entropy_figure(df, params, selected=sel, first_diff=first),
         ),
-    ))  # fmt: skip
+        View(
+            "thermo", "Effective temperature, free energy and kept-set size",
+            "What the sampler did at each step; crosses mark the safety fallback.",
+            charts.thermo_figure(df, selected=sel, first_diff=first),
+        ),
+        View(
+            "entropy_scatter", "Entropy × varentropy",
+            "One point per step, coloured by what the sampler did.",
+            charts.entropy_scatter(df, selected=sel),
+        ),
+    ]  # fmt: skip
+
+
+def _step_views(trace: Trace, sel: int, labels, whatif: WhatIf | None) -> list[View]:
+    """The selected step's distribution, waterfall and rank shifts."""
+    rec = trace.steps[sel]
+    res = whatif.results[sel] if whatif is not None else None
+    stages = charts.step_stages(rec, res)
+    chosen = whatif.chosen[sel] if whatif is not None else rec.chosen_rank
+    if res is not None:
+        kept = res.kept.numpy()
+    else:
+        final = stages.get("final")
+        kept = None if final is None else np.asarray(final) > 0
+    top = min(charts.TOP, rec.cand_ids.numel())
+    shown = max(top, chosen + 1)
+    token = labels([int(rec.cand_ids[chosen])])[0] if 0 <= chosen < rec.cand_ids.numel() else "?"
+    out = [View(
+        "distribution", f"Step {sel}: the distribution at each stage",
+        f"Top {top} candidates by raw logit; the yellow band marks the token taken "
+        f"({token!r}), pale hatched bars were pruned.",
+        charts.distribution_figure(
+            labels(rec.cand_ids[:shown].tolist()), stages, kept=kept, chosen=chosen, top=top
+        ),
+    )]  # fmt: skip
+    wf = [w.to_dict() for w in res.waterfall] if res is not None else rec.waterfall
     out.append(View(
         "waterfall", f"Step {sel}: what each pruning stage removed",
         "Mass removed by each stage (share of what entered it) and the candidates left.",
-        charts.waterfall_figure(rec.waterfall),
+        charts.waterfall_figure(wf),
     ))  # fmt: skip
-    if "gravity" in stages and "raw" in stages:
+    if (
+        "gravity" in stages
+        and "raw" in stages
+        and not np.array_equal(stages["gravity"], stages["raw"])
+    ):
         k = min(200, len(stages["raw"]))
         out.append(View(
             "rank_shift", f"Step {sel}: ranks before and after gravity",
-            "Green lines: tokens gravity promoted; red: demoted.",
+            "Green lines: tokens gravity promoted; red: demoted; ranks below the top 15 sit "
+            "in lanes under the dashed line.",
             charts.rank_shift_figure(labels(rec.cand_ids[:k].tolist()), stages["raw"][:k],
                                      stages["gravity"][:k]),
         ))  # fmt: skip
+    return out
+
+
+def _recorded_views(trace: Trace, sel: int) -> list[View]:
+    """Attention, the cache and timing: what the live run measured."""
+    steps = trace.steps
+    rec = steps[sel]
+    out = []
+    ctx_tokens = [_printable(t) for t in list(trace.prompt_tokens) + [s.token_text for s in steps]]
     if rec.attention is not None:
         pos = rec.cache_positions.long().tolist()
         out.append(View(
             "attention", f"Step {sel}: attention by layer over the context",
-            "Last-query attention, mean over heads, per layer and cached position.",
+            "Last-query attention, mean over heads, per layer and cached position; coloured by "
+            "log10 of the mass, so the structure beside the attention sink shows.",
             charts.attention_heatmap(
                 rec.attention.float().numpy(), [ctx_tokens[p] if p < len(ctx_tokens) else "?" for p in pos]
             ),
@@ -199,13 +257,13 @@ def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[
     if any(s.attention is not None for s in steps):
         out.append(View(
             "attention_flow", "Where each step's attention sat",
-            "Steps × original positions, mean over layers and heads (√ of the mass).",
+            "Steps × original positions, mean over layers and heads, on the same log scale.",
             charts.attention_flow(steps, n_positions=len(ctx_tokens)),
         ))  # fmt: skip
     if "eviction" in trace.settings:
         out.append(View(
             "kv_timeline", "KV cache: kept and evicted positions",
-            "Steps × original positions: blue kept, orange evicted.",
+            "Steps × original positions: green kept, red evicted.",
             charts.kv_timeline_figure(steps, n_positions=len(ctx_tokens)),
         ))  # fmt: skip
     m = trace.model
@@ -224,38 +282,23 @@ def views(trace: Trace, *, tokenizer=None, selected: int | None = None) -> list[
         charts.timing_figure(trace.prefill_seconds, len(trace.prompt_ids),
                              [s.t_forward for s in steps]),
     ))  # fmt: skip
-    out.append(View(
-        "chain", "The sampling chain",
-        "The settings the run used, in the order the core runs them.",
-        charts.chain_figure(params),
-        width=1400,  # five boxes a row with their captions need the room
-    ))  # fmt: skip
     return out
 
 
 # -- HTML --------------------------------------------------------------------------------------
 
-_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1080px;
-padding:16px 24px;color:#222}
-h1{font-size:1.5rem;margin:.2em 0}h2{font-size:1.15rem;margin:1.6em 0 .3em}
-.caption{color:#666;font-size:.85rem;margin:.2em 0 .6em}
-table{border-collapse:collapse;font-size:.85rem}td,th{border-bottom:1px solid #eee;
-padding:2px 10px;text-align:left;vertical-align:top}
-.text{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word;
-border:1px solid #e6e6e6;border-radius:6px;padding:8px;line-height:1.9}
-.prompt{color:#888}.tok{border-radius:3px;padding:0 1px}
-.chart{width:100%;border:1px solid #f0f0f0;border-radius:6px}
-.grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}
-"""
+_CSS = style.report_css()
 
 _JS = """
 (function () {
   window.semvizDrawn = 0;
   var figs = document.querySelectorAll('script.semviz-fig');
+  var tpl = JSON.parse(document.getElementById('semviz-template').textContent);
   window.semvizCharts = figs.length;
   figs.forEach(function (s) {
     var f = JSON.parse(s.textContent);
+    f.layout = f.layout || {};
+    f.layout.template = tpl;  // a light page, whatever theme built the figure
     var cfg = {responsive: true, displaylogo: false, toImageButtonOptions: {
       format: 'png', filename: s.dataset.name, width: +s.dataset.width, height: +s.dataset.height}};
     Plotly.newPlot(s.dataset.target, f.data, f.layout, cfg).then(function () {
@@ -271,8 +314,7 @@ def _e(x) -> str:
 
 
 def _shade(v: float) -> str:
-    v = min(max(v, 0.0), 1.0)
-    return f"rgb({int(255 - 190 * v)},{int(255 - 120 * v)},255)"
+    return style.shade(v, style.PROBABILITY_SCALE)
 
 
 def _text_html(trace: Trace) -> str:
@@ -306,11 +348,29 @@ def _script_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
 
 
-def report_html(trace: Trace, vs: Sequence[View], *, selected: int | None = None) -> str:
+def shown_state(whatif: WhatIf | None) -> tuple[str, str]:
+    """Which state a view shows, as ``(kind, sentence)``; kind is ``recorded`` or ``what-if``."""
+    if whatif is None:
+        return "recorded", "The recorded run: what the model and the sampler did."
+    head = "The recorded steps re-pruned with other settings (a replay, no model run)"
+    if whatif.first_diff is None:
+        return "what-if", head + "; no pick changes."
+    return "what-if", f"{head}; the picks differ from step {whatif.first_diff} on."
+
+
+def report_html(
+    trace: Trace,
+    vs: Sequence[View],
+    *,
+    selected: int | None = None,
+    whatif: WhatIf | None = None,
+) -> str:
     """The report as one self-contained HTML page (plotly.js inline, no network needed)."""
+    import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    params = trace_params(trace)
+    params = whatif.params if whatif is not None else trace_params(trace)
+    kind, sentence = shown_state(whatif)
     base = PruneParams().to_dict()
     changed = [(k, v) for k, v in params.to_dict().items() if base.get(k) != v]
     other = [(k, v) for k, v in trace.settings.items() if k != "params"]
@@ -325,11 +385,13 @@ def report_html(trace: Trace, vs: Sequence[View], *, selected: int | None = None
         f"<h1>{_e(title)}</h1>",
         f"<p class='caption'>stop: {_e(trace.stop_reason or 'not stopped (run cut short)')}"
         f" · selected step {sel} · {len(trace.prompt_ids)} prompt tokens</p>",
+        f"<p><span class='state state-{'whatif' if whatif is not None else 'recorded'}'>"
+        f"{_e(kind)}</span> {_e(sentence)}</p>",
         "<h2>Prompt and generated text</h2>",
         f"<div class='text' id='text'>{_text_html(trace)}</div>",
         "<p class='caption'>Grey: the prompt. Darker tokens were less likely; hover for "
         "probability, entropy and kept-set size.</p>",
-        "<div class='grid'><div><h2>Settings</h2>",
+        f"<div class='grid'><div><h2>Settings{' of the what-if' if whatif else ''}</h2>",
         _table(changed or [("(all defaults)", "plain sampling")]),
         "<details><summary class='caption'>every setting</summary>",
         _table(list(params.to_dict().items()) + other),
@@ -348,7 +410,12 @@ def report_html(trace: Trace, vs: Sequence[View], *, selected: int | None = None
             f"data-target='chart-{v.name}' data-name='{v.name}' data-width='{v.width}' "
             f"data-height='{v.height}'>{_script_json(v.json())}</script>",
         ]
-    out += [f"<script>{_JS}</script>", "</body></html>"]
+    tpl = _script_json(pio.templates[style.EXPORT_TEMPLATE].to_plotly_json())
+    out += [
+        f"<script type='application/json' id='semviz-template'>{tpl}</script>",
+        f"<script>{_JS}</script>",
+        "</body></html>",
+    ]
     return "\n".join(out)
 
 
@@ -384,10 +451,8 @@ def _kaleido_export(
                 if progress:
                     progress(f"PNG {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
                 opts = {"format": "png", "width": v.width, "height": v.height, "scale": 1}
-                img = await k.calc_fig(v.figure, opts=opts)
-                path = out / f"{v.name}.png"
-                path.write_bytes(img)
-                done.append(path)
+                img = await k.calc_fig(v.exported(), opts=opts)
+                done.append(files.write_bytes(out / f"{v.name}.png", img))
         return done
 
     return asyncio.run(run())
@@ -426,7 +491,8 @@ def _playwright_export(
                 box = loc.bounding_box()  # the page may place it at a fractional offset
                 clip = {"x": round(box["x"]), "y": round(box["y"]), "width": v.width,
                         "height": v.height}  # fmt: skip
-                page.screenshot(path=str(path), clip=clip)
+                with files.atomic_path(path) as tmp:
+                    page.screenshot(path=str(tmp), clip=clip, type="png")
                 done.append(path)
         finally:
             b.close()
@@ -518,38 +584,10 @@ def _clean(obj):
     return obj
 
 
-def build(
-    trace: Trace,
-    out: str | Path,
-    *,
-    tokenizer=None,
-    selected: int | None = None,
-    png: bool = True,
-    engine: str = "auto",
-    progress: Progress | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> Report:
-    """Write the report for ``trace`` into ``out`` (created; existing report files replaced).
-
-    The HTML, the trace and the table are written first (fast); then the PNGs, one per
-    chart. A stop request skips the PNGs not yet made; the manifest says which exist.
-    """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def say(msg: str, frac: float) -> None:
-        if progress:
-            progress(msg, frac)
-
-    say("building the charts", 0.0)
-    vs = views(trace, tokenizer=tokenizer, selected=selected)
-    say("writing report.html", 0.1)
-    html_path = out / "report.html"
-    html_path.write_text(report_html(trace, vs, selected=selected), encoding="utf-8")
-    trace.save(out / "trace.json")
-    trace.to_dataframe().to_parquet(out / "trace.parquet", index=False)
+def _manifest(trace: Trace, vs: Sequence[View], selected, whatif: WhatIf | None) -> dict:
+    """report.json before the PNGs: what the bundle holds and which state it shows."""
     n = len(trace.steps)
-    manifest = {
+    return {
         "format": FORMAT,
         "version": 1,
         "model": trace.model,
@@ -561,6 +599,11 @@ def build(
         if n
         else None,
         "settings": trace.settings,
+        "shows": {
+            "state": shown_state(whatif)[0],
+            "params": None if whatif is None else whatif.params.to_dict(),
+            "first_diff": None if whatif is None else whatif.first_diff,
+        },
         "metrics": run_metrics(trace).to_dict(),
         "charts": [
             {"name": v.name, "title": v.title, "width": v.width, "height": v.height, "png": None}
@@ -570,10 +613,47 @@ def build(
         "png_engine": None,
         "stopped": False,
     }
+
+
+def build(
+    trace: Trace,
+    out: str | Path,
+    *,
+    tokenizer=None,
+    selected: int | None = None,
+    png: bool = True,
+    engine: str = "auto",
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    whatif: WhatIf | None = None,
+) -> Report:
+    """Write the report for ``trace`` into ``out`` (created; existing report files replaced).
+
+    The HTML, the trace and the table are written first (fast); then the PNGs, one per
+    chart. A stop request skips the PNGs not yet made; the manifest says which exist. With
+    ``whatif`` the sampling charts show that replay, and the page and manifest say so.
+    """
+    out = Path(out)
+
+    def say(msg: str, frac: float) -> None:
+        if progress:
+            progress(msg, frac)
+
+    say("building the charts", 0.0)
+    vs = views(trace, tokenizer=tokenizer, selected=selected, whatif=whatif)
+    # all made before the first file is written
+    page = report_html(trace, vs, selected=selected, whatif=whatif)
+    say("writing report.html", 0.1)
+    out.mkdir(parents=True, exist_ok=True)
+    html_path = files.write_text(out / "report.html", page)
+    trace.save(out / "trace.json")
+    with files.atomic_path(out / "trace.parquet") as tmp:
+        trace.to_dataframe().to_parquet(tmp, index=False)
+    manifest = _manifest(trace, vs, selected, whatif)
     pngs: list[Path] = []
     stopped = False
     manifest["stopped"] = png  # until the PNGs are done, so an interrupted bundle says so
-    (out / "report.json").write_text(json.dumps(_clean(manifest), indent=2, default=float))
+    files.write_text(out / "report.json", json.dumps(_clean(manifest), indent=2, default=float))
     if png:
         png_dir = out / "png"
         if png_dir.exists():
@@ -591,7 +671,7 @@ def build(
                 c["png"] = f"png/{c['name']}.png"
         stopped = len(pngs) < len(vs)
     manifest["stopped"] = stopped
-    (out / "report.json").write_text(json.dumps(_clean(manifest), indent=2, default=float))
+    files.write_text(out / "report.json", json.dumps(_clean(manifest), indent=2, default=float))
     say("done", 1.0)
     return Report(out=out, views=vs, html=html_path, manifest=manifest, pngs=pngs, stopped=stopped)
 

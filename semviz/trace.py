@@ -7,11 +7,23 @@ default, which on the default model covers all but a few 1e-4 of the mass at T �
 
 Tensors are written to JSON as base64 of their raw bytes with dtype and shape, so a round
 trip is bit-exact.
+
+Reading a trace is strict, because a trace file is input from anyone: ``Trace.load`` and
+``Trace.from_json`` refuse files over ``MAX_BYTES`` and JSON nested deeper than ``MAX_DEPTH``,
+accept only the integer format version, and ``Trace.validate`` checks every field's type,
+dtype, shape and range and the fields' consistency (``cand_logits`` as long as ``cand_ids``,
+``chosen_rank`` pointing at ``token_id``, attention ``(L, H, S)`` over the
+``cache_positions``, …). Token ids are checked against a vocabulary size: the one the caller
+passes (``vocab_size=``, from the model it will use the trace with), else the one the trace
+records in ``model["vocab_size"]``; without either, against the int32 range the ids are
+stored in. Anything invalid raises :class:`TraceError` with one sentence that names the field,
+e.g. ``steps[3].cand_ids: expected an int32 tensor, got float32``.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
@@ -21,9 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from semviz import files
+
 FORMAT = "semviz-trace"
 FORMAT_VERSION = 1
 TOP = 64
+MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB
+MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
+ID_LIMIT = 2**31  # ids and positions are stored as int32
 
 
 class TraceError(ValueError):
@@ -31,6 +48,7 @@ class TraceError(ValueError):
 
 
 _NP_DTYPES = {"float32", "float16", "int32", "int64", "bool", "uint8"}
+_SPECIAL_FLOATS = {"nan", "inf", "-inf"}
 
 
 def encode_tensor(t: torch.Tensor) -> dict:
@@ -42,15 +60,36 @@ def encode_tensor(t: torch.Tensor) -> dict:
     }
 
 
-def decode_tensor(d: dict) -> torch.Tensor:
-    dtype = d.get("__tensor__")
-    if dtype not in _NP_DTYPES:
-        raise TraceError(f"unsupported tensor dtype {dtype!r}")
-    shape = tuple(int(s) for s in d["shape"])
-    raw = base64.b64decode(d["data"], validate=True)
-    a = np.frombuffer(raw, dtype=np.dtype(dtype))
-    if a.size != math.prod(shape):
-        raise TraceError(f"tensor data has {a.size} values, shape {shape} needs {math.prod(shape)}")
+def decode_tensor(d: dict, where: str = "tensor") -> torch.Tensor:
+    """A tensor from its JSON form; ``TraceError`` naming ``where`` if the form is wrong."""
+    if set(d) != {"__tensor__", "shape", "data"}:
+        raise TraceError(f"{where}: a tensor needs exactly the keys __tensor__, shape and data")
+    dtype = d["__tensor__"]
+    if not isinstance(dtype, str) or dtype not in _NP_DTYPES:
+        raise TraceError(f"{where}: unsupported tensor dtype {_short(dtype)}")
+    shape = d["shape"]
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 8
+        or any(type(s) is not int or not 0 <= s < ID_LIMIT for s in shape)
+    ):
+        raise TraceError(f"{where}: shape must be a list of at most 8 sizes, got {_short(shape)}")
+    if not isinstance(d["data"], str):
+        raise TraceError(f"{where}: data must be a base64 string, got {_kind(d['data'])}")
+    try:
+        raw = base64.b64decode(d["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise TraceError(f"{where}: data is not valid base64") from None
+    np_dtype = np.dtype(dtype)
+    need = math.prod(shape)
+    if len(raw) != need * np_dtype.itemsize:
+        raise TraceError(
+            f"{where}: tensor data has {len(raw) // np_dtype.itemsize} values, "
+            f"shape {tuple(shape)} needs {need}"
+        )
+    a = np.frombuffer(raw, dtype=np_dtype)
+    if dtype == "bool" and a.view(np.uint8).max(initial=0) > 1:
+        raise TraceError(f"{where}: a bool tensor holds bytes other than 0 and 1")
     return torch.from_numpy(a.reshape(shape).copy())
 
 
@@ -66,16 +105,51 @@ def _enc(v: Any) -> Any:
     return v
 
 
-def _dec(v: Any) -> Any:
-    if isinstance(v, dict):
-        if "__tensor__" in v:
-            return decode_tensor(v)
-        if "__float__" in v:
-            return float(v["__float__"])
-        return {k: _dec(x) for k, x in v.items()}
+def _dec(v: Any, where: str, depth: int) -> Any:
+    """JSON → Python: tensors and non-finite floats decoded; ``depth`` is ``v``'s level in the
+    document, at most ``MAX_DEPTH``, which bounds this recursion. Every string and key must be
+    valid Unicode (JSON escapes can encode lone surrogates, which no UTF-8 file, HTML page or
+    tokenizer takes)."""
+    if isinstance(v, str):
+        if not _text_ok(v):
+            raise TraceError(f"{where}: text holds a lone surrogate (not valid Unicode)")
+        return v
+    if not isinstance(v, (dict, list)):
+        return v
+    if depth > MAX_DEPTH:
+        top = where.split(".")[0].split("[")[0]
+        raise TraceError(f"{top}: the JSON is nested deeper than {MAX_DEPTH} levels")
     if isinstance(v, list):
-        return [_dec(x) for x in v]
-    return v
+        if all(type(x) is int for x in v) or all(type(x) is str and _text_ok(x) for x in v):
+            return list(v)  # ids and token texts: the long lists, kept fast
+        return [_dec(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
+    if "__tensor__" in v:
+        return decode_tensor(v, where)
+    if "__float__" in v:
+        if set(v) != {"__float__"} or v["__float__"] not in _SPECIAL_FLOATS:
+            raise TraceError(f"{where}: a __float__ must be one of nan, inf, -inf")
+        return float(v["__float__"])
+    out = {}
+    for k, x in v.items():
+        if not _text_ok(k):
+            raise TraceError(f"{where}: a key holds a lone surrogate (not valid Unicode)")
+        out[k] = _dec(x, f"{where}.{k}" if where else k, depth + 1)
+    return out
+
+
+def _text_ok(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal where numbers, NaN where NaN: what a bit-exact round trip of NaN gives."""
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -85,7 +159,7 @@ def _equal(a: Any, b: Any) -> bool:
             and isinstance(b, torch.Tensor)
             and a.dtype == b.dtype
             and a.shape == b.shape
-            and torch.equal(a, b)
+            and (torch.equal(a, b) or (a.is_floating_point() and _same_with_nan(a, b)))
         )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
@@ -94,6 +168,291 @@ def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def _kind(v: Any) -> str:
+    """The JSON-level kind of ``v`` for messages."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, torch.Tensor):
+        name = str(v.dtype).replace("torch.", "")
+        return f"{'an' if name[0] in 'aeiou' else 'a'} {name} tensor"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "…"
+
+
+def _bad(where: str, msg: str) -> TraceError:
+    return TraceError(f"{where}: {msg}")
+
+
+def _int(v: Any, where: str, lo: int = 0, hi: int = ID_LIMIT - 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(where, f"expected an integer, got {_kind(v)}")
+    if not lo <= v <= hi:
+        raise _bad(where, f"{_short(v)} is out of range [{lo}, {hi}]")
+    return v
+
+
+def _float(
+    v: Any, where: str, lo: float = -math.inf, hi: float = math.inf, neg_inf: bool = False
+) -> float:
+    """A finite number in [lo, hi] (``neg_inf``: -inf allowed too)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(where, f"expected a number, got {_kind(v)}")
+    if neg_inf and v == -math.inf:
+        return v
+    if not math.isfinite(v):
+        raise _bad(where, f"expected a finite number, got {v!r}")
+    if not lo <= v <= hi:
+        raise _bad(where, f"{_short(v)} is out of range [{lo:g}, {hi:g}]")
+    return v
+
+
+def _str(v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise _bad(where, f"expected a string, got {_kind(v)}")
+    if not _text_ok(v):
+        raise _bad(where, "text holds a lone surrogate (not valid Unicode)")
+    return v
+
+
+def _opt_str(v: Any, where: str) -> str | None:
+    return None if v is None else _str(v, where)
+
+
+def _obj(v: Any, where: str) -> dict:
+    if not isinstance(v, dict) or any(not isinstance(k, str) for k in v):
+        raise _bad(where, f"expected an object, got {_kind(v)}")
+    return v
+
+
+def _list(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise _bad(where, f"expected a list, got {_kind(v)}")
+    return v
+
+
+def _tensor(
+    v: Any, where: str, dtype: torch.dtype | tuple[torch.dtype, ...], shape: tuple
+) -> torch.Tensor:
+    """A tensor of ``dtype`` whose shape matches ``shape`` (None: any size in that place)."""
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    names = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+    if not isinstance(v, torch.Tensor) or v.dtype not in dtypes:
+        article = "an" if names[0] in "aeiou" else "a"
+        raise _bad(where, f"expected {article} {names} tensor, got {_kind(v)}")
+    if v.dim() != len(shape) or any(
+        n is not None and n != s for n, s in zip(shape, v.shape, strict=True)
+    ):
+        want = "(" + ", ".join("·" if n is None else str(n) for n in shape)
+        want += ",)" if len(shape) == 1 else ")"
+        raise _bad(where, f"expected shape {want}, got {tuple(v.shape)}")
+    return v
+
+
+def _in_range(t: torch.Tensor, where: str, lo: float, hi: float, what: str = "values") -> None:
+    """Every value in [lo, hi]; NaN fails too (it propagates through the min and max)."""
+    if t.numel() == 0:
+        return
+    mn, mx = (x.item() for x in torch.aminmax(t.float() if t.dtype == torch.float16 else t))
+    if not (mn >= lo and mx <= hi):
+        bad = mx if math.isnan(mx) or mn >= lo else mn
+        raise _bad(where, f"{what} must be in [{lo:g}, {hi:g}], found {bad!r}")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a trace's steps are checked against."""
+
+    vocab: int  # ids must be below this
+    layers: int | None
+    heads: int | None
+    n_prompt: int
+
+
+_MODEL_INTS = (
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "hidden_size",
+    "vocab_size",
+    "max_context",
+)
+_MODEL_STRS = ("name", "source", "architecture", "dtype", "device")
+
+
+def _check_model(m: Any) -> None:
+    _obj(m, "model")
+    for k in _MODEL_INTS:
+        if k in m:
+            _int(m[k], f"model.{k}", 1)
+    for k in _MODEL_STRS:
+        if k in m:
+            _str(m[k], f"model.{k}")
+
+
+def _check_settings(s: Any, model: dict) -> None:
+    """The settings the run recorded: the pruning parameters through ``PruneParams``' own
+    validation and the model's shape; the decode settings by type. Other keys are free."""
+    _obj(s, "settings")
+    for k in ("seed",):
+        if k in s:
+            _int(s[k], f"settings.{k}", -(2**63), 2**64 - 1)
+    for k in ("max_new_tokens", "record_k"):
+        if k in s:
+            _int(s[k], f"settings.{k}", 1)
+    for k in ("chat", "capture"):
+        if k in s and s[k] is not None and not isinstance(s[k], bool):
+            raise _bad(f"settings.{k}", f"expected true, false or null, got {_kind(s[k])}")
+    if "system_prompt" in s:
+        _opt_str(s["system_prompt"], "settings.system_prompt")
+    if "stop" in s:
+        for i, x in enumerate(_list(s["stop"], "settings.stop")):
+            _str(x, f"settings.stop[{i}]")
+    if "eviction" in s:
+        _str(_obj(s["eviction"], "settings.eviction").get("policy"), "settings.eviction.policy")
+    if "params" in s:
+        _check_params(_obj(s["params"], "settings.params"), model)
+
+
+def _check_params(p: dict, model: dict) -> None:
+    """Each recorded pruning parameter against its field's own rules (the metadata every door
+    uses), then the model's shape for the layer and head indices."""
+    from semviz.sampling import SPECS, PruneParams, check_model_shape, field_spec
+
+    known = {}
+    for k, v in p.items():
+        if k not in SPECS:  # a key a newer semviz added: ignored, as report.trace_params does
+            continue
+        spec = field_spec(k)
+        if spec.kind == "indices" and isinstance(v, list):
+            v = tuple(v)
+        if spec.kind == "float" and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        why = spec.problem(v)
+        if why is not None:
+            raise _bad(f"settings.params.{k}", f"{why}, got {_short(v)}")
+        known[k] = v
+    try:
+        params = PruneParams.from_dict(known)
+        if "num_layers" in model and "num_heads" in model:
+            check_model_shape(params, n_layers=model["num_layers"], n_heads=model["num_heads"])
+    except (TypeError, ValueError) as exc:
+        raise _bad("settings.params", str(exc)) from None
+
+
+def _check_waterfall(w: Any, where: str, vocab: int) -> None:
+    for j, row in enumerate(_list(w, where)):
+        at = f"{where}[{j}]"
+        if set(_obj(row, at)) != {"name", "n_kept", "mass_removed"}:
+            raise _bad(at, "a waterfall row has exactly the keys name, n_kept and mass_removed")
+        _str(row["name"], f"{at}.name")
+        _int(row["n_kept"], f"{at}.n_kept", 0, vocab)
+        _float(row["mass_removed"], f"{at}.mass_removed")
+
+
+def _check_eviction(ev: Any, where: str) -> None:
+    """The parts of the KV policy's record that the charts read; the rest is free-form."""
+    _obj(ev, where)
+    if "policy" in ev:
+        _str(ev["policy"], f"{where}.policy")
+    pos, sc = ev.get("positions"), ev.get("scores")
+    if pos is not None:
+        _tensor(pos, f"{where}.positions", (torch.int32, torch.int64), _any_shape(pos))
+        _in_range(pos, f"{where}.positions", -1, ID_LIMIT - 1, "positions (-1 pads)")
+    if sc is not None:
+        shape = tuple(pos.shape) if pos is not None else _any_shape(sc)
+        _tensor(sc, f"{where}.scores", (torch.float16, torch.float32), shape)
+
+
+def _any_shape(v: Any) -> tuple:
+    return (None,) * v.dim() if isinstance(v, torch.Tensor) else ()
+
+
+def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
+    """Every field of step ``i``: types, dtypes, shapes, ranges, and their consistency."""
+    w = f"steps[{i}]"
+    if _int(rec.index, f"{w}.index") != i:
+        raise _bad(f"{w}.index", f"is {rec.index}, but the step is number {i}")
+    if _int(rec.position, f"{w}.position") != ctx.n_prompt + i:
+        raise _bad(
+            f"{w}.position", f"is {rec.position}, expected {ctx.n_prompt} prompt tokens + {i}"
+        )
+    _int(rec.token_id, f"{w}.token_id", 0, ctx.vocab - 1)
+    _str(rec.token_text, f"{w}.token_text")
+    for k in ("entropy", "varentropy", "entropy_sampled", "free_energy", "lse"):
+        _float(getattr(rec, k), f"{w}.{k}")
+    _float(rec.temperature, f"{w}.temperature", 0.0)
+    _float(rec.tail_lse, f"{w}.tail_lse", neg_inf=True)
+    _float(rec.u, f"{w}.u", 0.0, 1.0)
+    _float(rec.final_tail_mass, f"{w}.final_tail_mass", 0.0, 1.0)
+    _float(rec.t_forward, f"{w}.t_forward", 0.0)
+    _float(rec.t_semviz, f"{w}.t_semviz", 0.0)
+    _int(rec.n_kept, f"{w}.n_kept", 0, ctx.vocab)
+    _int(rec.cache_bytes, f"{w}.cache_bytes", 0, 2**62)
+    ids = _tensor(rec.cand_ids, f"{w}.cand_ids", torch.int32, (None,))
+    k = ids.numel()
+    if k == 0:
+        raise _bad(f"{w}.cand_ids", "is empty (the chosen token is always recorded)")
+    _in_range(ids, f"{w}.cand_ids", 0, ctx.vocab - 1, "ids")
+    if torch.unique(ids).numel() != k:
+        raise _bad(f"{w}.cand_ids", "holds the same id twice")
+    logits = _tensor(rec.cand_logits, f"{w}.cand_logits", torch.float32, (k,))
+    if not bool((logits < math.inf).all()):  # NaN and +inf fail; -inf is a masked token
+        raise _bad(f"{w}.cand_logits", "holds NaN or +inf")
+    if k > 1 and bool((logits[:-1] < logits[1:]).any()):
+        raise _bad(f"{w}.cand_logits", "must be sorted descending, as the candidates are")
+    rank = _int(rec.chosen_rank, f"{w}.chosen_rank", -1, k - 1)
+    hit = (ids == rec.token_id).nonzero()
+    if (int(hit[0, 0]) if hit.numel() else -1) != rank:
+        raise _bad(f"{w}.chosen_rank", f"{rank} does not point at token_id {rec.token_id}")
+    for name, p in _obj(rec.stage_probs, f"{w}.stage_probs").items():
+        _tensor(p, f"{w}.stage_probs.{name}", torch.float16, (k,))
+        _in_range(p, f"{w}.stage_probs.{name}", 0.0, 1.0, "probabilities")
+    _check_waterfall(rec.waterfall, f"{w}.waterfall", ctx.vocab)
+    pos = _tensor(rec.cache_positions, f"{w}.cache_positions", torch.int32, (None,))
+    _in_range(pos, f"{w}.cache_positions", 0, rec.position - 1, "positions")
+    if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
+        raise _bad(f"{w}.cache_positions", "must be strictly increasing")
+    if _int(rec.cache_len, f"{w}.cache_len") != pos.numel():
+        raise _bad(f"{w}.cache_len", f"is {rec.cache_len}, but cache_positions has {pos.numel()}")
+    if rec.attention is not None:
+        att = _tensor(
+            rec.attention, f"{w}.attention", torch.float16, (ctx.layers, ctx.heads, pos.numel())
+        )
+        _in_range(att, f"{w}.attention", 0.0, 1.0, "weights")
+    if rec.gravity is not None:
+        g = _tensor(rec.gravity, f"{w}.gravity", torch.float32, (k,))
+        if not bool(torch.isfinite(g).all()):
+            raise _bad(f"{w}.gravity", "holds NaN or inf")
+    _opt_str(rec.fallback, f"{w}.fallback")
+    if rec.eviction is not None:
+        _check_eviction(rec.eviction, f"{w}.eviction")
+    _obj(rec.extra, f"{w}.extra")
+
+
+def _no_constant(name: str) -> float:
+    raise TraceError(f"the file holds a bare {name}, which is not JSON")
 
 
 @dataclass(eq=False)
@@ -159,18 +518,22 @@ class StepRecord:
         return {f.name: _enc(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> StepRecord:
+    def from_dict(cls, d: Any, *, where: str = "step") -> StepRecord:
+        """A step from its JSON form, decoded but not yet checked (``Trace.validate`` checks
+        it against the rest of the trace)."""
+        if not isinstance(d, dict):
+            raise _bad(where, f"expected an object, got {_kind(d)}")
         names = {f.name for f in fields(cls)}
         required = {
             f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
         }
         missing = required - d.keys()
         if missing:
-            raise TraceError(f"a step is missing {', '.join(sorted(missing))}")
+            raise _bad(where, f"a step is missing {', '.join(sorted(missing))}")
         unknown = d.keys() - names
         if unknown:
-            raise TraceError(f"a step has unknown fields {', '.join(sorted(unknown))}")
-        return cls(**{k: _dec(v) for k, v in d.items()})
+            raise _bad(where, f"a step has unknown fields {', '.join(sorted(unknown))}")
+        return cls(**{k: _dec(v, f"{where}.{k}", 4) for k, v in d.items()})
 
 
 @dataclass(eq=False)
@@ -214,19 +577,58 @@ class Trace:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (a temp file then rename) so a crash never leaves half a file."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
-        return path
+        return files.write_text(path, self.to_json())
+
+    def validate(self, *, vocab_size: int | None = None) -> Trace:
+        """Check every field (type, dtype, shape, range) and their consistency; return self.
+
+        Token ids are checked against ``vocab_size`` when given, else against the recorded
+        ``model["vocab_size"]``. Raises ``TraceError`` naming the first bad field.
+        """
+        _check_model(self.model)
+        _check_settings(self.settings, self.model)
+        _str(self.prompt, "prompt")
+        if vocab_size is None:
+            vocab = self.model.get("vocab_size", ID_LIMIT)
+        else:
+            vocab = _int(vocab_size, "vocab_size", 1, ID_LIMIT)
+        ids = _list(self.prompt_ids, "prompt_ids")
+        if not ids:
+            raise _bad("prompt_ids", "is empty (a run always has a prompt)")
+        if not all(type(t) is int for t in ids) or min(ids) < 0 or max(ids) >= vocab:
+            for i, t in enumerate(ids):  # the first bad one, for the message
+                _int(t, f"prompt_ids[{i}]", 0, vocab - 1)
+        toks = _list(self.prompt_tokens, "prompt_tokens")
+        if len(toks) != len(ids):
+            raise _bad("prompt_tokens", f"has {len(toks)} entries for {len(ids)} prompt_ids")
+        for i, t in enumerate(toks):
+            _str(t, f"prompt_tokens[{i}]")
+        _float(self.prefill_seconds, "prefill_seconds", 0.0)
+        _opt_str(self.stop_reason, "stop_reason")
+        _obj(self.extra, "extra")
+        ctx = _Shape(
+            vocab=vocab,
+            layers=self.model.get("num_layers"),
+            heads=self.model.get("num_heads"),
+            n_prompt=len(ids),
+        )
+        for i, rec in enumerate(_list(self.steps, "steps")):
+            if not isinstance(rec, StepRecord):
+                raise _bad(f"steps[{i}]", f"expected a step record, got {_kind(rec)}")
+            _check_step(rec, i, ctx)
+        return self
 
     @classmethod
-    def from_dict(cls, d: Any) -> Trace:
+    def from_dict(cls, d: Any, *, vocab_size: int | None = None) -> Trace:
+        """A validated trace from its JSON form (see ``validate``)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TraceError("this is not a semviz trace (no 'format': 'semviz-trace' field)")
-        if d.get("version") != FORMAT_VERSION:
+        version = d.get("version")
+        if type(version) is not int:
+            raise _bad("version", f"the format version must be an integer, got {_short(version)}")
+        if version != FORMAT_VERSION:
             raise TraceError(
-                f"trace format version {d.get('version')!r} is not supported "
+                f"trace format version {version!r} is not supported "
                 f"(this semviz reads version {FORMAT_VERSION})"
             )
         body = {k: v for k, v in d.items() if k not in ("format", "version")}
@@ -236,34 +638,42 @@ class Trace:
         for need in ("settings", "model", "prompt", "prompt_ids", "prompt_tokens"):
             if need not in body:
                 raise TraceError(f"the trace is missing its {need!r} field")
-        if not isinstance(body.get("steps", []), list):
-            raise TraceError("the trace's 'steps' is not a list")
-        try:
-            steps = [StepRecord.from_dict(s) for s in body.pop("steps", [])]
-            kw = {k: _dec(v) for k, v in body.items()}
-            return cls(steps=steps, **kw)
-        except TraceError:
-            raise
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise TraceError(f"the trace is corrupt ({type(exc).__name__}: {exc})") from None
+        raw_steps = _list(body.pop("steps", []), "steps")
+        steps = [StepRecord.from_dict(s, where=f"steps[{i}]") for i, s in enumerate(raw_steps)]
+        kw = {k: _dec(v, k, 2) for k, v in body.items()}
+        return cls(steps=steps, **kw).validate(vocab_size=vocab_size)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Trace:
+    def from_json(
+        cls, text: str | bytes, *, vocab_size: int | None = None, max_bytes: int = MAX_BYTES
+    ) -> Trace:
+        """Parse and validate; at most ``max_bytes`` and ``MAX_DEPTH`` levels of nesting."""
+        if len(text) > max_bytes:
+            raise TraceError(f"the trace is larger than the {max_bytes / files.MiB:,.0f} MiB limit")
         try:
-            d = json.loads(text)
+            d = json.loads(text, parse_constant=_no_constant)
+        except RecursionError:
+            raise TraceError(f"the JSON is nested deeper than {MAX_DEPTH} levels") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TraceError(f"the file is not valid JSON ({exc})") from None
-        return cls.from_dict(d)
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise TraceError(f"the file is not valid JSON ({exc})") from None
+        return cls.from_dict(d, vocab_size=vocab_size)
 
     @classmethod
-    def load(cls, path: str | Path) -> Trace:
-        """Read a trace; raise ``TraceError`` with one clear sentence if it cannot be read."""
+    def load(
+        cls, path: str | Path, *, vocab_size: int | None = None, max_bytes: int = MAX_BYTES
+    ) -> Trace:
+        """Read a trace; raise ``TraceError`` with one clear sentence if it cannot be read.
+
+        At most ``max_bytes`` are read, from a regular file only (not a folder or a device).
+        """
         try:
-            raw = Path(path).read_bytes()
-        except OSError as exc:
-            raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+            raw = files.read_bytes(path, max_bytes)
+        except files.FileError as exc:
+            raise TraceError(str(exc)) from None
         try:
-            return cls.from_json(raw)
+            return cls.from_json(raw, vocab_size=vocab_size, max_bytes=max_bytes)
         except TraceError as exc:
             raise TraceError(f"{Path(path).name}: {exc}") from None
 

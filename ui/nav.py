@@ -23,6 +23,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("app_pages/kv_cache.py", "KV cache", ":material/memory:"),
     PageSpec("app_pages/pipeline.py", "Pipeline", ":material/account_tree:"),
     PageSpec("app_pages/compare.py", "Compare A/B", ":material/compare_arrows:"),
+    PageSpec("app_pages/frontier.py", "Does it help?", ":material/insights:"),
     PageSpec("app_pages/report.py", "Report", ":material/summarize:"),
     PageSpec("app_pages/tour_1_baseline.py", "Tour 1 · Baseline chain", ":material/looks_one:"),
     PageSpec("app_pages/tour_2_entropy.py", "Tour 2 · Log entropy", ":material/looks_two:"),

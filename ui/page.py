@@ -17,7 +17,7 @@ from semviz.sampling import PruneParams
 from ui import runner, whatif
 from ui.errors import guard, message
 from ui.model import get_model
-from ui.state import SessionData, Settings, session
+from ui.state import SessionData, Settings, session, url_count
 
 
 @dataclass
@@ -147,11 +147,7 @@ def share_url(ctx: PageContext) -> None:
     """
     sess = ctx.sess
     if "url_step" not in sess.extra:
-        raw = st.query_params.get("step")
-        try:
-            sess.extra["url_step"] = max(0, int(raw)) if raw is not None else None
-        except ValueError:
-            sess.extra["url_step"] = None
+        sess.extra["url_step"] = url_count("step", st.query_params.get("step"))
     want = sess.extra.get("url_step")
     if want is not None and len(ctx.steps) > want and not sess.playing:  # play resets it
         sess.selected, sess.extra["url_step"] = want, None

@@ -29,15 +29,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from semviz import files
 from semviz.forward_queue import QUEUE, Place
+from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
+from semviz.sampling import FieldSpec, parse_bool, parse_value
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the variables still work
     tomllib = None
-from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
 
 CONFIG_FILE = Path(".streamlit") / "semviz.toml"
+CONFIG_MAX_BYTES = 64 * 1024  # a settings file is a few lines
 SHARED_DEFAULTS = {  # what shared mode uses for a limit that is not set
     "max_steps": 256,
     "max_prompt_tokens": 512,
@@ -45,13 +48,13 @@ SHARED_DEFAULTS = {  # what shared mode uses for a limit that is not set
     "idle_minutes": 10.0,
     "closed_seconds": 30.0,
 }
-# name -> (kind, lowest, highest)
+# each limit's type and range, checked by the same parser as every other setting
 LIMITS = {
-    "max_steps": ("int", 1, 8192),
-    "max_prompt_tokens": ("int", 32, 131072),
-    "max_upload_mb": ("int", 1, 1024),
-    "idle_minutes": ("float", 0.1, 24 * 60.0),
-    "closed_seconds": ("float", 1.0, 24 * 3600.0),
+    "max_steps": FieldSpec("int", "Tokens one run may generate.", lo=1, hi=8192),
+    "max_prompt_tokens": FieldSpec("int", "Tokens a prompt may have.", lo=32, hi=131072),
+    "max_upload_mb": FieldSpec("int", "Size of an uploaded trace (MiB).", lo=1, hi=1024),
+    "idle_minutes": FieldSpec("float", "Idle time before a run is dropped.", lo=0.1, hi=1440.0),
+    "closed_seconds": FieldSpec("float", "Time a closed tab's run is kept.", lo=1.0, hi=86400.0),
 }
 SHOW_WAIT_AFTER = 0.3  # seconds in line before a page shows its place
 
@@ -85,6 +88,15 @@ class ServerConfig:
         """``n`` tokens a run, or this server's limit if that is lower."""
         return int(n) if self.max_steps is None else min(int(n), self.max_steps)
 
+    def trace_bytes(self) -> int:
+        """The largest trace this server parses: ``Trace``'s own limit, or the upload limit
+        if that is lower."""
+        from semviz.trace import MAX_BYTES
+
+        if self.max_upload_mb is None:
+            return MAX_BYTES
+        return min(MAX_BYTES, self.max_upload_mb * files.MiB)
+
 
 def model_label(key: str) -> str:
     """A short name for a model key: a folder's or file's name, else the key."""
@@ -92,25 +104,17 @@ def model_label(key: str) -> str:
 
 
 def _parse(name: str, raw: Any, where: str) -> Any:
-    kind, lo, hi = LIMITS[name]
-    label = f"{where}={raw!r}"
     try:
-        value = int(str(raw).strip()) if kind == "int" else float(str(raw).strip())
-    except ValueError:
-        what = "a whole number" if kind == "int" else "a number"
-        raise ConfigError(f"{label} must be {what} from {lo:g} to {hi:g}.") from None
-    if not lo <= value <= hi:  # also refuses nan
-        raise ConfigError(f"{label} must be from {lo:g} to {hi:g}.")
-    return value
+        return parse_value(LIMITS[name], where, raw)[0]
+    except ValueError as exc:
+        raise ConfigError(f"{exc}.") from None
 
 
 def _flag(raw: Any, where: str) -> bool:
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "on", "yes"):
-        return True
-    if text in ("", "0", "false", "off", "no"):
-        return False
-    raise ConfigError(f"{where}={raw!r} must be 1 or 0 (on or off).")
+    try:
+        return parse_bool(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={raw!r}: {exc}.") from None
 
 
 def _file_values(path: Path) -> dict[str, Any]:
@@ -119,8 +123,10 @@ def _file_values(path: Path) -> dict[str, Any]:
     if tomllib is None:
         raise ConfigError(f"{path} needs Python 3.11 or later; set the SEMVIZ_ variables instead.")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(files.read_text(path, CONFIG_MAX_BYTES))
+    except files.FileError as exc:
+        raise ConfigError(f"{exc}.") from None
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} could not be read: {exc}.") from None
     if isinstance(data.get("models"), list):
         data["models"] = ",".join(map(str, data["models"]))
@@ -235,18 +241,6 @@ def check_prompt(ids: list[int]) -> list[int]:
             "shorten it."
         )
     return ids
-
-
-def check_upload(size: int) -> None:
-    """Refuse an uploaded trace larger than this server's limit, before it is parsed."""
-    from semviz.trace import TraceError
-
-    limit = config().max_upload_mb
-    if limit is not None and size > limit * 2**20:
-        raise TraceError(
-            f"the file has {size / 2**20:,.1f} MB and this server takes traces of at most "
-            f"{limit} MB"
-        )
 
 
 # -- the model queue -------------------------------------------------------------------------------

@@ -1,14 +1,20 @@
-"""Page pieces that need streamlit: the token strip and shared warnings."""
+"""Page pieces that need streamlit: the token strip, charts that select steps, shared warnings."""
 
 from __future__ import annotations
 
 import html
 import math
+from typing import Any
 
 import streamlit as st
 
+from semviz import style
 from semviz.sampling import active_filters
 from ui.page import PageContext
+from ui.state import session
+
+# the modebar keeps zoom, pan, reset and a PNG download at twice the pixels
+CHART_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 MAX_TOKENS_SHOWN = 1500
 
@@ -116,3 +122,75 @@ def all_removed_warning(ctx: PageContext, i: int) -> None:
             "loosen top-k / top-p / min-p / typical to give it a choice.",
             icon="🚫",
         )
+
+
+# -- chart helpers --------------------------------------------------------------------------------
+
+
+def page_css() -> None:
+    """The app's own classes (``style.app_css``); drawing it costs no space on the page."""
+    st.html(f"<style>{style.app_css()}</style>")
+
+
+def chart(fig, *, key: str) -> None:
+    """A Plotly chart with the app's modebar."""
+    st.plotly_chart(fig, key=key, config=CHART_CONFIG)
+
+
+def shown_whatif(ctx: PageContext):
+    """The what-if when the sliders differ from the run's, else None (the recorded run)."""
+    from ui import page
+
+    return ctx.wi if ctx.wi is not None and page.params_changed(ctx) else None
+
+
+def shown_result(ctx: PageContext, i: int):
+    """Step ``i``'s what-if ``PruneResult`` when the sliders differ from the run's, else None."""
+    wi = shown_whatif(ctx)
+    return wi.results[i] if wi is not None and i < len(wi.results) else None
+
+
+def step_from_selection(event: Any) -> int | None:
+    """The step a chart selection points at: the clicked point's ``customdata[0]`` (every
+    step-axis chart in ``semviz.charts`` carries it), else its x. None when nothing is
+    selected."""
+    if not event:
+        return None
+    sel = event.get("selection") if isinstance(event, dict) else getattr(event, "selection", None)
+    points = (sel.get("points") if isinstance(sel, dict) else getattr(sel, "points", None)) or []
+    for pt in points:
+        cd = pt.get("customdata")
+        value = cd[0] if isinstance(cd, list | tuple) and cd else pt.get("x")
+        try:
+            return int(round(float(value)))
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def step_chart(ctx: PageContext, fig, *, key: str) -> None:
+    """A chart on the step axis: clicking a point selects that step on every page.
+
+    The selection goes to ``sess.selected`` (so the step slider, the other charts and the
+    URL's ``step`` follow); the last step means "follow new tokens", as on the slider.
+    """
+
+    def _picked() -> None:
+        step = step_from_selection(st.session_state.get(key))
+        sess = session(st.session_state)
+        n = len(sess.trace.steps) if sess.trace is not None else 0
+        if step is None or n == 0:
+            return
+        step = max(0, min(step, n - 1))
+        sess.selected = None if step == n - 1 else step
+
+    st.plotly_chart(fig, key=key, on_select=_picked, selection_mode="points", config=CHART_CONFIG)
+
+
+def state_badge(kind: str, sentence: str) -> None:
+    """Say which state a page shows: the recorded run or a what-if replay."""
+    cls = "semviz-state-whatif" if kind == "what-if" else "semviz-state-recorded"
+    st.html(
+        f'<p><span class="semviz-state {cls}">{html.escape(kind)}</span> '
+        f"{html.escape(sentence)}</p>"
+    )

@@ -33,13 +33,24 @@ PROSE = (
 )
 
 
+MEMORY_TOKENS = 4096  # the memory child repeats PROSE 64 times: about 6,000 tokens
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="decoder vs plain generate(): tokens/s, memory, cold start")
-    p.add_argument("--tokens", type=int, default=64, help="new tokens per run (default 64)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median)")
-    p.add_argument("--prompt", default=PROSE)
+    p.add_argument(
+        "--tokens", type=common.int_arg(1, 100_000), default=64,
+        help="new tokens per run (default 64)",
+    )  # fmt: skip
+    p.add_argument(
+        "--repeats", type=common.int_arg(1, 1000), default=3, help="interleaved repeats (median)"
+    )
+    p.add_argument("--prompt", default=PROSE, type=common.text_arg)
     p.add_argument("--memory", action="store_true", help="also measure 2,048-token prefill memory")
-    p.add_argument("--memory-tokens", type=int, default=2048)
+    p.add_argument(
+        "--memory-tokens", type=common.int_arg(16, MEMORY_TOKENS), default=2048,
+        help=f"prompt tokens of the memory measurement (16 to {MEMORY_TOKENS:,})",
+    )  # fmt: skip
     p.add_argument("--cold-start", action="store_true", help="also time first vs second load")
     p.add_argument("--no-float32", action="store_true", help="skip the float32 generate() baseline")
     p.add_argument("--json", action="store_true")
@@ -88,8 +99,16 @@ def _time_decoder(lm, ids, n: int, capture: bool = True) -> float:
 def speed(args, progress=None) -> dict:
     from semviz.model import load_model
 
+    common.hide_progress(args)
     lm = load_model(args.model, device=args.device)
     ids = lm.tokenizer(args.prompt, return_tensors="pt").input_ids.to(lm.device)
+    if ids.shape[1] + args.tokens > lm.max_context:
+        raise ValueError(
+            f"--prompt ({ids.shape[1]:,} tokens) and --tokens {args.tokens:,} are more than "
+            f"the {lm.max_context:,} tokens {lm.name} reads"
+        )
+    if args.memory and args.memory_tokens > lm.max_context:
+        raise ValueError(f"--memory-tokens: {lm.name} reads at most {lm.max_context:,} tokens")
     lm32 = None
     if not args.no_float32 and lm.dtype != __import__("torch").float32:
         lm32 = load_model(args.model, device=args.device, dtype="float32")
@@ -211,6 +230,8 @@ def cold_start(args) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give some text to time the decoder on")
     with common.progress_bar(args.repeats, "bench", enabled=not args.json) as bar:
         result = {"speed": speed(args, progress=lambda: bar.update(1))}
     if args.memory:

@@ -18,14 +18,64 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
 
+def hide_progress(args: argparse.Namespace) -> bool:
+    """True (and transformers' weight-loading bars off) with ``--json`` or when stderr is not
+    a terminal, so a log holds results and errors, not progress."""
+    quiet = getattr(args, "json", False) or not sys.stderr.isatty()
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return quiet
+
+
 def load(args: argparse.Namespace):
+    """The model named by ``--model``; progress on stderr only for a person at a terminal."""
     from semviz.model import load_model
 
+    quiet = hide_progress(args)
+
     def progress(msg: str, frac: float) -> None:
-        if not getattr(args, "json", False):
+        if not quiet:
             print(f"[{frac:4.0%}] {msg}", file=sys.stderr)
 
     return load_model(args.model, device=args.device, dtype=args.dtype, progress=progress)
+
+
+INT32 = 2**31 - 1
+
+
+def int_arg(lo: int, hi: int = INT32):
+    """An argparse ``type=``: an integer in ``[lo, hi]``, else one line naming the flag."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi}, got {s}")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def text_arg(s: str) -> str:
+    """An argparse ``type=`` for free text: refuses bytes that are not UTF-8 (Python passes
+    them on as lone surrogates, which no tokenizer takes)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+    return s
+
+
+SEED = int_arg(0, 2**63 - 1)
+
+
+def add_force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace existing output files")
 
 
 def print_json(obj: Any) -> None:
@@ -98,7 +148,7 @@ def params_from_args(args: argparse.Namespace, base=None):
     from semviz.sampling import PruneParams
 
     params = base if base is not None else PruneParams()
-    if getattr(args, "preset", None):
+    if getattr(args, "preset", None) is not None:
         from semviz.presets import PRESETS
 
         if args.preset not in PRESETS:

@@ -32,19 +32,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--a", default=None, help='side A, e.g. "top_p=0.9" or "story"')
-    p.add_argument("--b", default=None, help='side B, e.g. "top_p=0.9,gravity_lambda=0.5"')
+    text = common.text_arg
+    p.add_argument("--a", default=None, type=text, help='side A, e.g. "top_p=0.9" or "story"')
     p.add_argument(
-        "--side", action="append", default=[], help="another side (repeatable; after --a/--b)"
+        "--b", default=None, type=text, help='side B, e.g. "top_p=0.9,gravity_lambda=0.5"'
     )
     p.add_argument(
-        "--prompt", action="append", default=[], help="prompt (repeatable; metrics are averaged)"
+        "--side", action="append", default=[], type=text,
+        help="another side (repeatable; after --a/--b)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prompt", action="append", default=[], type=text,
+        help="prompt (repeatable; metrics are averaged)",
+    )  # fmt: skip
+    p.add_argument(
+        "--steps", type=common.int_arg(1), default=48, help="new tokens per side (default 48)"
     )
-    p.add_argument("--steps", type=int, default=48, help="new tokens per side (default 48)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=common.SEED, default=0)
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the metrics table")
+    common.add_force_arg(p)
     common.add_model_args(p)
     return p
 
@@ -63,17 +71,20 @@ def _sides(args) -> list:
 
 def run(args: argparse.Namespace) -> int:
     from semviz import compare as cmp_mod
+    from semviz import files
     from semviz.decoding import PromptError
 
-    if args.steps < 1:
-        raise ValueError("--steps must be at least 1")
     sides = _sides(args)  # fail on a bad spec before loading the model
     prompts = list(args.prompt)
     if not prompts:
         raise ValueError("give at least one --prompt")
     if any(not p.strip() for p in prompts):
         raise PromptError("A prompt is empty: type some text for the model to continue.")
+    if args.markdown:
+        files.check_out_file(args.markdown, force=args.force)
     lm = common.load(args)
+    for s in sides:
+        lm.check_params(s.params)
 
     stop = {"flag": False}
 
@@ -136,8 +147,7 @@ def command_line(args) -> str:
 
 def write_markdown(path: str, out: dict, rows: list[dict], command: str) -> None:
     """The metrics table with the command that made it and what each side set."""
-    from pathlib import Path
-
+    from semviz import files
     from semviz.compare import markdown_table
     from semviz.metrics import METRIC_INFO
 
@@ -172,5 +182,4 @@ def write_markdown(path: str, out: dict, rows: list[dict], command: str) -> None
         lines.append(f"- prompt {r['prompt']!r}")
         for s in r["sides"]:
             lines.append(f"  - `{s['label']}`: {s['text']!r}")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(lines) + "\n")
+    files.write_text(path, "\n".join(lines) + "\n")

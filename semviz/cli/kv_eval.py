@@ -12,10 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from semviz.cli.common import add_model_args, print_json, progress_bar
+from semviz.cli.common import add_model_args, int_arg, print_json, progress_bar
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
 ALL_POLICIES = "full,window,streaming,h2o,tova,ema,gravity"
+MAX_TEXT_BYTES = 64 << 20  # never read more of --text than this, whatever --tokens asks
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -31,13 +32,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_args(p)
     # exact comparisons against the full cache, and on CPU float32 is the faster path
     p.set_defaults(dtype="float32")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads", type=int_arg(1, 1024), default=None,
+        help="torch CPU threads (default: torch's)",
+    )  # fmt: skip
     p.add_argument(
         "--text",
         default=None,
         help="a UTF-8 text file (default: the shipped Pride and Prejudice chapters)",
     )
-    p.add_argument("--tokens", type=int, default=1024, help="tokens of the text to read")
+    p.add_argument(
+        "--tokens", type=int_arg(2, 1 << 20), default=1024, help="tokens of the text to read"
+    )
     p.add_argument(
         "--budget",
         default="128",
@@ -50,8 +56,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--policies", default=ALL_POLICIES, help=f"comma-separated ({ALL_POLICIES})")
     p.add_argument(
-        "--prefill", type=int, default=1, help="tokens in the first forward (then one at a time)"
-    )
+        "--prefill", type=int_arg(1), default=1,
+        help="tokens in the first forward (then one at a time); fewer than --tokens",
+    )  # fmt: skip
     p.add_argument(
         "--rerotate",
         action="store_true",
@@ -85,6 +92,7 @@ def parse_policy_args(items: list[str]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from semviz import files
     from semviz.cli import UserError
     from semviz.cli.common import load
     from semviz.eviction import POLICIES, kv_eval, parse_budget
@@ -100,13 +108,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if not budgets:
         raise UserError("give at least one budget")
-    if args.tokens < 2:
-        raise UserError("--tokens must be at least 2")
+    if any(isinstance(b, int) and b > 2**31 - 1 for b in budgets):
+        raise UserError(f"--budget {raw}: a budget is at most {2**31 - 1:,} tokens")
+    if args.prefill >= args.tokens:
+        raise UserError(f"--prefill {args.prefill} must be fewer than --tokens {args.tokens}")
     path = Path(args.text) if args.text else DEFAULT_TEXT
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    files.check_in_file(path)  # before loading the model
     kw = parse_policy_args(args.policy_arg)
     for name in kw:
         if name not in POLICIES:
@@ -115,13 +122,11 @@ def run(args: argparse.Namespace) -> int:
         kw.setdefault("streaming", {})["rerotate"] = True
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise UserError("--threads must be at least 1")
         import torch
 
         torch.set_num_threads(args.threads)
     lm = load(args)
-    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = read_ids(path, lm.tokenizer, args.tokens)
     if len(ids) < args.tokens:
         raise UserError(f"{path.name} has {len(ids):,} tokens, fewer than --tokens {args.tokens:,}")
     if args.tokens > lm.max_context:
@@ -165,6 +170,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_table(rows, lm.name, path.name, len(ids))
     return 0
+
+
+def read_ids(path: Path, tokenizer, n: int) -> list[int]:
+    """The first ``n`` token ids of the text file, reading only as much of it as they need."""
+    from semviz import files
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return files.read_tokens(path, encode, n, limit=MAX_TEXT_BYTES)
 
 
 def _print_table(rows: list[dict], model: str, text: str, n: int) -> None:

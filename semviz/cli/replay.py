@@ -18,7 +18,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="re-prune a recorded trace with new settings (no model run)")
     p.add_argument("trace", help="a trace JSON written by `semviz trace` or the app")
     p.add_argument("--json", action="store_true", help="print the per-step table as JSON")
-    p.add_argument("--show", type=int, default=5, help="kept tokens listed per step (default 5)")
+    p.add_argument(
+        "--show", type=common.int_arg(0, 1000), default=5,
+        help="kept tokens listed per step (default 5)",
+    )  # fmt: skip
     common.add_model_args(p)
     common.add_prune_args(p)
     return p
@@ -27,12 +30,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from semviz.model import DEFAULT_MODEL
     from semviz.replay import _needs_new_gravity, replay
-    from semviz.sampling import PruneParams
+    from semviz.sampling import PruneParams, check_model_shape
     from semviz.trace import Trace
 
     trace = Trace.load(args.trace)
     recorded = PruneParams.from_dict(trace.settings.get("params", {}))
     params = common.params_from_args(args, base=recorded)
+    shape = trace.model
+    if "num_layers" in shape and "num_heads" in shape:  # the recorded attention's (L, H)
+        check_model_shape(params, n_layers=shape["num_layers"], n_heads=shape["num_heads"])
     model = None
     if _needs_new_gravity(trace, params):
         if args.model is None and trace.model.get("name") != DEFAULT_MODEL:
@@ -40,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
                 "these gravity settings were not recorded and need the model's embeddings: "
                 "pass --model with the model the trace was made with"
             )
-        model = common.load(args).model
+        lm = common.load(args)
+        _check_same_model(trace, lm.summary())
+        model = lm.model
     t0 = time.perf_counter()
     r = replay(trace, params, model=model)
     seconds = time.perf_counter() - t0
@@ -93,6 +101,17 @@ def run(args: argparse.Namespace) -> int:
         + (f"; note: {r.note}" if r.note else "")
     )
     return 0
+
+
+def _check_same_model(trace, summary: dict) -> None:
+    """The model must have the trace's vocabulary and attention shape: its embeddings are
+    indexed by the recorded ids and its layers by the recorded attention."""
+    for key in ("vocab_size", "num_layers", "num_heads"):
+        if key in trace.model and trace.model[key] != summary[key]:
+            raise ValueError(
+                f"the trace was made with a model with {key} {trace.model[key]}, but "
+                f"{summary['name']} has {summary[key]}: pass --model with the trace's model"
+            )
 
 
 def _text(trace, rec, token_id: int) -> str:

@@ -30,19 +30,28 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", default=None, help="a trace JSON written by trace/report/the app")
-    src.add_argument("--prompt", default=None, help="decode this prompt first")
-    p.add_argument("--out", required=True, help="folder to write the report into")
-    p.add_argument(
-        "--step", type=int, default=None, help="step the per-step charts show (default: last)"
+    src.add_argument(
+        "--prompt", default=None, type=common.text_arg, help="decode this prompt first"
     )
+    p.add_argument("--out", required=True, help="folder to write the report into")
+    common.add_force_arg(p)
+    p.add_argument(
+        "--step", type=common.int_arg(0), default=None,
+        help="step the per-step charts show (default: last)",
+    )  # fmt: skip
     p.add_argument("--no-png", dest="png", action="store_false", help="skip the PNG export")
     p.add_argument(
         "--png-engine", default="auto", choices=["auto", "kaleido", "playwright"],
         help="kaleido (Plotly's exporter) or a Playwright screenshot; auto tries kaleido first",
     )  # fmt: skip
-    p.add_argument("--steps", type=int, default=64, help="with --prompt: maximum new tokens")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--steps", type=common.int_arg(1), default=64, help="with --prompt: maximum new tokens"
+    )
+    p.add_argument("--seed", type=common.SEED, default=0)
+    p.add_argument(
+        "--stop", action="append", default=[], type=common.text_arg,
+        help="stop string (repeatable)",
+    )  # fmt: skip
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     common.add_model_args(p)
@@ -59,7 +68,7 @@ def _tokenizer_for(args, trace):
         recorded = str(trace.model.get("name", ""))
         name = None if recorded in ("", DEFAULT_MODEL) else recorded
     try:
-        return load_model(name, device="cpu", dtype=args.dtype).tokenizer
+        tok = load_model(name, device="cpu", dtype=args.dtype).tokenizer
     except ModelLoadError as exc:
         if args.model is not None:
             raise
@@ -68,11 +77,36 @@ def _tokenizer_for(args, trace):
             file=sys.stderr,
         )
         return None
+    if trace.model.get("vocab_size") not in (None, len(tok)):
+        print(
+            "semviz report: candidates shown as ids, the model's vocabulary is not the trace's",
+            file=sys.stderr,
+        )
+        return None
+    return tok
+
+
+def _no_pruning_flags(args: argparse.Namespace) -> None:
+    """A saved trace is reported as recorded: pruning flags would be silently ignored."""
+    import dataclasses
+
+    from semviz.sampling import PruneParams
+
+    given = [f.name for f in dataclasses.fields(PruneParams) if getattr(args, f.name) is not None]
+    if given or args.preset:
+        flag = "--" + (given[0] if given else "preset").replace("_", "-")
+        raise ValueError(
+            f"{flag} applies with --prompt; --trace reports the trace with its recorded settings"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz import report
+    from semviz import files, report
     from semviz.trace import Trace
+
+    if args.trace is not None:
+        files.check_in_file(args.trace)
+    files.check_out_dir(args.out, force=args.force, names=report.OUTPUTS)
 
     stop = {"flag": False}
 
@@ -83,13 +117,16 @@ def run(args: argparse.Namespace) -> int:
         print("\nsemviz report: stopping; what is done is kept…", file=sys.stderr)
 
     if args.trace is not None:
+        _no_pruning_flags(args)
         trace = Trace.load(args.trace)
+        if args.step is not None and args.step >= len(trace.steps):
+            raise ValueError(f"--step {args.step}: the trace has {len(trace.steps)} steps")
         tokenizer = _tokenizer_for(args, trace)
     else:
         from semviz.decoding import Decoder, DecodeSettings, PromptError
 
-        if args.steps < 1:
-            raise ValueError("--steps must be at least 1")
+        if args.step is not None and args.step >= args.steps:
+            raise ValueError(f"--step {args.step}: the run has at most --steps {args.steps}")
         params = common.params_from_args(args)
         if not args.prompt.strip():
             raise PromptError("The prompt is empty: type some text for the model to continue.")
@@ -108,6 +145,13 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGINT, old)
         trace, tokenizer = dec.trace, lm.tokenizer
         stop["flag"] = False  # a stop while decoding still writes the whole report
+        if args.step is not None and args.step >= len(trace.steps):
+            print(
+                f"semviz report: the run ended after {len(trace.steps)} steps; "
+                f"showing the last, not --step {args.step}",
+                file=sys.stderr,
+            )
+            args.step = None
 
     def progress(msg: str, frac: float) -> None:
         if not args.json:

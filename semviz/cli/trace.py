@@ -10,11 +10,17 @@ from semviz.cli import common
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="decode a prompt and write a trace JSON")
-    p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--steps", type=int, default=64, help="maximum new tokens (default 64)")
+    p.add_argument("--prompt", required=True, type=common.text_arg, help="the text to continue")
+    p.add_argument(
+        "--steps", type=common.int_arg(1), default=64, help="maximum new tokens (default 64)"
+    )
     p.add_argument("--out", default="trace.json", help="where to write the trace")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    common.add_force_arg(p)
+    p.add_argument("--seed", type=common.SEED, default=0)
+    p.add_argument(
+        "--stop", action="append", default=[], type=common.text_arg,
+        help="stop string (repeatable)",
+    )  # fmt: skip
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
@@ -23,12 +29,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from semviz import files
     from semviz.decoding import Decoder, DecodeSettings
 
-    if args.steps < 1:
-        raise ValueError("--steps must be at least 1")
+    # every check that needs no model comes before loading one
+    files.check_out_file(args.out, force=args.force)
     params = common.params_from_args(args)
-    if not args.prompt.strip():  # fail before loading a model
+    if not args.prompt.strip():
         from semviz.decoding import PromptError
 
         raise PromptError("The prompt is empty: type some text for the model to continue.")

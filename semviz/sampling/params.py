@@ -233,23 +233,32 @@ def parse_bool(raw: Any) -> bool:
     raise ValueError("expected on or off")
 
 
+INT_LIMIT = 2**31 - 1  # every integer setting fits in 32 bits, as torch's kernels need
+
+
 def _parse_int(raw: Any) -> int:
+    """An integer from an int, an integral float or its text (``"1e3"`` is 1000), within
+    ±``INT_LIMIT``, so a huge value is refused here rather than overflowing in torch."""
+    v: Any = None
     if _is_int(raw):
-        return raw
-    if isinstance(raw, float) and raw.is_integer():
-        return int(raw)
-    text = str(raw).strip()
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if math.isfinite(v) and v.is_integer():
-        return int(v)
-    raise ValueError("expected an integer")
+        v = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        v = int(raw)
+    else:
+        text = str(raw).strip()
+        try:
+            v = int(text)
+        except ValueError:
+            try:
+                f = float(text)
+            except ValueError:
+                f = math.nan
+            v = int(f) if math.isfinite(f) and f.is_integer() else None
+    if v is None:
+        raise ValueError("expected an integer")
+    if abs(v) > INT_LIMIT:
+        raise ValueError(f"expected an integer between {-INT_LIMIT} and {INT_LIMIT}")
+    return v
 
 
 def _parse_float(raw: Any) -> float:
@@ -272,9 +281,9 @@ def _parse_indices(raw: Any) -> tuple[int, ...] | None:
     text = str(raw).strip()
     if text.lower() in ("", "all", "none"):
         return None
-    parts = [p for p in text.replace(",", " ").replace("/", " ").split() if p]
+    parts = [p.strip() for p in text.replace("/", ",").split(",")]
     try:
-        return tuple(int(p) for p in parts)
+        return tuple(_parse_int(p) for p in parts)
     except ValueError:
         raise ValueError("expected integers separated by '/' or ','") from None
 

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from semviz import charts
+from semviz import charts, style
 from semviz.decoding import Decoder, DecodeSettings
 from semviz.replay import replay
 from semviz.sampling import PruneParams
@@ -74,3 +74,198 @@ def test_step_views_from_trace(run):
     assert charts.cache_bytes_figure(tr.steps, bytes_per_token=100).data
     assert charts.timing_figure(0.1, 5, [s.t_forward for s in tr.steps]).data
     assert charts.prefill_scaling_figure([32, 64, 128, 256], [0.01, 0.02, 0.05, 0.12]).data
+
+
+# -- what the charts promise ---------------------------------------------------------------------
+
+
+def test_display_token_makes_whitespace_and_special_tokens_visible():
+    from semviz.style import display_token
+
+    assert display_token(" the") == "·the"
+    assert display_token("\n\n") == "↵↵"
+    assert display_token("\t") == "⇥"
+    assert display_token("<|im_start|>") == "⟨im_start⟩"
+    assert display_token("</s>") == "⟨s⟩"
+    assert display_token("") == "∅"
+    assert display_token("a\x0cb") == "a\\x0cb"  # a raw form feed breaks the exported SVG
+    assert display_token("x\u200by") == "x\\u200by"
+    assert charts._show(" " + "a" * 20) == "·" + "a" * 12 + "…"
+
+
+def test_fmt_prob_never_shows_a_small_probability_as_zero():
+    assert charts.fmt_prob(0.153) == "0.153"
+    assert charts.fmt_prob(0.0042) == "0.0042"
+    assert charts.fmt_prob(3.14e-5) == "3.1e-05"
+    assert charts.fmt_prob(0.0) == "0.000"
+
+
+def test_waterfall_draws_the_filters_and_says_when_none_is_on():
+    wf = [
+        {"name": "candidates", "n_kept": 1024, "mass_removed": 0.007},
+        {"name": "gravity", "n_kept": 1024, "mass_removed": 0.0},
+        {"name": "top-k", "n_kept": 50, "mass_removed": 0.25},
+        {"name": "top-p", "n_kept": 12, "mass_removed": 0.05},
+        {"name": "temperature", "n_kept": 12, "mass_removed": 0.0},
+    ]
+    fig = validated(charts.waterfall_figure(wf))
+    (bar,) = fig.data
+    assert list(bar.y) == ["top-k → 50 left", "top-p → 12 left"]
+    assert list(bar.x) == [25.0, 5.0]
+    assert list(bar.text) == ["25.0%", "5.0%"]
+    assert fig.layout.xaxis.range == (0, 118)  # room for the labels past a 100% bar
+    assert "yaxis2" not in fig.layout.to_plotly_json()  # one axis, no log ticks
+    (empty,) = validated(charts.waterfall_figure(wf[:2])).data
+    assert list(empty.y) == ["no filter on"] and list(empty.x) == [0.0]
+    assert list(empty.text) == ["nothing removed: every candidate kept"]
+
+
+def test_rank_shift_keeps_the_top_readable_beside_an_outlier():
+    raw = np.array([0.30, 0.20, 0.15, 0.10, 0.08, 0.05, 0.04, 0.03, 0.02, 0.01, 0.005, 0.001])
+    adj = raw.copy()
+    adj[[0, 1]] = adj[[1, 0]]  # t0 and t1 swap their scores
+    adj[11] = 0.5  # the last one jumps to rank 1: t11, t1, t0, t2, t3 after gravity
+    labels = [f"t{i}" for i in range(len(raw))]
+    fig = validated(charts.rank_shift_figure(labels, raw, adj, top=5))
+    title = "4 of the top 5 moved, 1 rose from below"
+    assert fig.layout.title.text == title  # t1 kept rank 2
+    ys = {tr.text[0].split()[0]: tuple(tr.y) for tr in fig.data}
+    assert ys["t11"] == (6.0, 1.0)  # raw rank 12 sits in the first lane under the top
+    assert fig.data[0].text[0] == "t11  12"  # labelled with its real rank
+    assert ys["t0"] == (1.0, 3.0)
+    assert ys["t4"] == (5.0, 6.0)  # rank 6 after gravity: the first lane on the right
+    assert fig.layout.yaxis.range == (6.6, 0.4)  # not stretched to rank 12
+    colour = {tr.text[0].split()[0]: tr.line.color for tr in fig.data}
+    assert (colour["t11"], colour["t0"], colour["t1"]) == (style.KEPT, style.CUT, style.REFERENCE)
+
+
+def test_attention_uses_one_log_scale_in_both_views(run):
+    lm, tr, wi, p = run
+    rec = tr.steps[-1]
+    att = rec.attention.float().numpy()
+    labels = [str(i) for i in range(att.shape[-1])]
+    heat = validated(charts.attention_heatmap(att, labels)).data[0]
+    m = att.mean(1)  # (L, S) mean over heads
+    want = np.log10(np.maximum(m, charts.ATT_FLOOR))
+    np.testing.assert_allclose(np.array(heat.z, float), want, rtol=1e-5, atol=1e-6)
+    assert heat.text[0][0] == f"{m[0, 0]:.4f}"  # the hover gives the mass itself
+    n = len(tr.prompt_ids) + len(tr.steps)
+    flow = validated(charts.attention_flow(tr.steps, n_positions=n)).data[0]
+    for h in (heat, flow):
+        assert (h.zmin, h.zmax) == (-4, 0)
+        assert h.colorbar.ticktext[-1] == "1"
+    assert heat.colorscale == flow.colorscale
+    # a short context is labelled with its tokens; x is the position number
+    short = validated(charts.attention_heatmap(att[:, :, :5], ["a", " b", "\n", "d", "e"]))
+    assert list(short.layout.xaxis.ticktext) == ["0 a", "1 ·b", "2 ↵", "3 d", "4 e"]
+    assert list(short.data[0].x) == [0, 1, 2, 3, 4]
+
+
+def test_distribution_draws_a_chosen_token_below_the_top_and_marks_the_pruned():
+    k = 40
+    p = np.linspace(1.0, 0.1, k)
+    p = p / p.sum()
+    stages = {"raw": p, "final": np.where(np.arange(k) < 3, p, 0.0)}
+    kept = np.arange(k) < 3
+    labels = [f"w{i}" for i in range(k)]
+    fig = validated(charts.distribution_figure(labels, stages, kept=kept, chosen=25, top=10))
+    raw_bars, final_bars = fig.data
+    assert list(raw_bars.x)[-1] == "26. w25"  # the chosen token, after the top 10
+    assert len(raw_bars.x) == 11
+    assert list(final_bars.marker.pattern.shape) == [""] * 3 + ["/"] * 8
+    # a cut candidate's final bar is a ghost at the height the filters cut it from
+    assert final_bars.y[5] == pytest.approx(p[5]) and final_bars.y[0] == pytest.approx(p[0])
+    bands = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert {(s.x0, s.x1) for s in bands} == {(9.5, 10.5)}  # the highlighter on that bar
+    horiz = validated(charts.distribution_figure(labels, stages, chosen=1, mode="overlay",
+                                                 top=5, horizontal=True))  # fmt: skip
+    assert horiz.data[0].orientation == "h" and len(horiz.data[0].y) == 5
+
+
+def test_step_axis_points_carry_their_step(run):
+    lm, tr, wi, p = run
+    df = charts.step_frame(tr)
+    for fig in (charts.entropy_figure(df, p), charts.thermo_figure(df),
+                charts.entropy_scatter(df)):  # fmt: skip
+        for t in validated(fig).data:
+            if t.customdata is not None and t.x is not None and len(t.x) == len(df):
+                assert [row[0] for row in t.customdata] == list(range(len(df)))
+    cb = validated(charts.cache_bytes_figure(tr.steps)).data[0]
+    assert [row[0] for row in cb.customdata] == [s.index for s in tr.steps]
+
+
+def test_step_from_selection_reads_the_clicked_step():
+    from ui.views import step_from_selection
+
+    ev = {"selection": {"points": [{"x": 7.0, "y": 2.1, "customdata": [3, "·the"]}]}}
+    assert step_from_selection(ev) == 3  # customdata[0] wins (the scatter's x is entropy)
+    assert step_from_selection({"selection": {"points": [{"x": 4}]}}) == 4
+    assert step_from_selection({"selection": {"points": []}}) is None
+    assert step_from_selection(None) is None
+
+
+def test_chain_captions_are_wrapped():
+    p = PruneParams(top_k=40, top_p=0.9, min_p=0.05, gravity_lambda=0.5, fallback=True)
+    fig = validated(charts.chain_figure(p))
+    captions = [a.text for a in fig.layout.annotations if a.text and not a.showarrow]
+    assert len(captions) == len(charts.chain_stages(p))
+    assert all(len(line) <= 22 for c in captions for line in c.split("<br>"))
+
+
+def test_no_colour_literal_outside_the_palette():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = [*sorted((root / "semviz").rglob("*.py")), *sorted((root / "app_pages").glob("*.py"))]
+    hexa = re.compile(r"#[0-9a-fA-F]{6}\b|#[0-9a-fA-F]{3}\b|\brgba?\(\d|\bhsla?\(\d")
+    found = [
+        f"{f.relative_to(root)}:{n}"
+        for f in files
+        if f.name != "style.py"
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if hexa.search(line)
+    ]
+    assert not found, found
+
+
+def test_streamlit_config_follows_the_viewer_and_the_palette():
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    cfg = tomllib.loads(
+        (Path(__file__).resolve().parents[2] / ".streamlit/config.toml").read_text()
+    )
+    assert "base" not in cfg.get("theme", {})  # the viewer's light or dark choice
+    assert cfg["client"]["toolbarMode"] == "viewer"  # no Deploy button for visitors
+    for mode in ("light", "dark"):
+        assert cfg["theme"][mode]["primaryColor"] == style.CHROME[mode]
+
+
+def test_style_docstring_examples_run():
+    import doctest
+
+    assert doctest.testmod(style).failed == 0
+
+
+def test_report_shows_the_whatif_and_says_so(run, tmp_path):
+    from semviz import report
+
+    lm, tr, wi, p = run
+    thermo = {
+        state: next(
+            v for v in report.views(tr, tokenizer=lm.tokenizer, whatif=w) if v.name == "thermo"
+        )
+        for state, w in (("recorded", None), ("what-if", wi))
+    }
+    assert list(thermo["recorded"].figure.data[0].y) == [s.temperature for s in tr.steps]
+    assert list(thermo["what-if"].figure.data[0].y) == [r.temperature for r in wi.results]
+    assert wi.results[0].temperature == 0.4 != tr.steps[0].temperature
+    assert report.shown_state(None)[0] == "recorded"
+    kind, sentence = report.shown_state(wi)
+    assert kind == "what-if" and "no model run" in sentence
+    rep = report.build(tr, tmp_path, tokenizer=lm.tokenizer, png=False, whatif=wi)
+    assert rep.manifest["shows"] == {
+        "state": "what-if", "params": wi.params.to_dict(), "first_diff": wi.first_diff,
+    }  # fmt: skip
+    assert "class='state state-whatif'" in rep.html.read_text()

@@ -65,11 +65,13 @@ def test_file_settings_and_variables_over_them(tmp_path):
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"SEMVIZ_SHARED": "maybe"}, "SEMVIZ_SHARED='maybe' must be 1 or 0 (on or off)."),
-        ({"SEMVIZ_MAX_STEPS": "abc"},
-         "SEMVIZ_MAX_STEPS='abc' must be a whole number from 1 to 8192."),
-        ({"SEMVIZ_MAX_STEPS": "0"}, "SEMVIZ_MAX_STEPS='0' must be from 1 to 8192."),
-        ({"SEMVIZ_IDLE_MINUTES": "nan"}, "SEMVIZ_IDLE_MINUTES='nan' must be from 0.1 to 1440."),
+        ({"SEMVIZ_SHARED": "maybe"}, "SEMVIZ_SHARED='maybe': expected on or off."),
+        ({"SEMVIZ_MAX_STEPS": "abc"}, "SEMVIZ_MAX_STEPS='abc': expected an integer."),
+        ({"SEMVIZ_MAX_STEPS": "0"}, "SEMVIZ_MAX_STEPS='0': must be in [1, 8192]."),
+        ({"SEMVIZ_MAX_STEPS": "1e12"},
+         "SEMVIZ_MAX_STEPS='1e12': expected an integer between -2147483647 and 2147483647."),
+        ({"SEMVIZ_IDLE_MINUTES": "nan"}, "SEMVIZ_IDLE_MINUTES='nan': expected a finite number."),
+        ({"SEMVIZ_IDLE_MINUTES": "0.01"}, "SEMVIZ_IDLE_MINUTES='0.01': must be in [0.1, 1440]."),
         ({"SEMVIZ_SHARED": "1", "SEMVIZ_MODEL": "/x", "SEMVIZ_MODELS": "default"},
          "SEMVIZ_MODEL='/x' is not one of the allowed models (SEMVIZ_MODELS)."),
     ],
@@ -85,8 +87,7 @@ def test_a_bad_setting_stops_every_page_with_its_sentence(monkeypatch, tiny_dir)
     at.switch_page("app_pages/distributions.py").run()
     assert not at.exception
     assert [e.value for e in at.error] == [
-        "This server is not set up right: SEMVIZ_MAX_PROMPT_TOKENS='lots' must be a whole "
-        "number from 32 to 131072."
+        "This server is not set up right: SEMVIZ_MAX_PROMPT_TOKENS='lots': expected an integer."
     ]
     assert not at.get("plotly_chart")
 
@@ -216,18 +217,50 @@ def test_single_user_report_still_reads_a_path(monkeypatch, tiny_dir, tmp_path):
     assert any("Trace not read" in e.value for e in at.error)
 
 
+def test_shared_frontier_page_shows_the_shipped_result_only(monkeypatch, tiny_dir, tmp_path):
+    other = tmp_path / "results.parquet"
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
+    at.switch_page("app_pages/frontier.py").run()
+    at.session_state["fr_source"] = "A results file"  # as if a visitor had asked for a file
+    at.session_state["fr_path"] = str(other)
+    at.run()
+    assert not at.exception and not at.error
+    assert [w.key for w in at.text_input] == []  # no path to read or write, no sweep
+    assert [b.key for b in at.button if b.key] == []
+    assert len(at.get("plotly_chart")) == 1  # the shipped frontier
+    assert any(c.value.startswith("This server shows the shipped result.") for c in at.caption)
+    assert not other.exists()
+
+
+def test_single_user_frontier_page_keeps_the_file_and_the_sweep(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir)
+    monkeypatch.delenv("SEMVIZ_SHARED", raising=False)
+    at.switch_page("app_pages/frontier.py").run()
+    assert not at.exception
+    assert {"fr_out", "fr_a", "fr_b"} <= {w.key for w in at.text_input}
+    assert "fr_run" in [b.key for b in at.button]
+
+
 def test_an_upload_over_the_limit_is_refused_before_parsing(monkeypatch):
-    from semviz.trace import TraceError
+    from semviz.trace import MAX_BYTES, Trace, TraceError
 
     monkeypatch.setenv("SEMVIZ_SHARED", "1")
     monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "2")
-    server.check_upload(2 * 2**20)
-    with pytest.raises(TraceError) as exc:
-        server.check_upload(3 * 2**20 + 1)
-    assert str(exc.value) == "the file has 3.0 MB and this server takes traces of at most 2 MB"
+    assert server.config().trace_bytes() == 2 * 2**20
+    with pytest.raises(TraceError) as exc:  # not JSON at all: the size is what refuses it
+        Trace.from_json(b"x" * (2 * 2**20 + 1), max_bytes=server.config().trace_bytes())
+    assert str(exc.value) == "the trace is larger than the 2 MiB limit"
     monkeypatch.delenv("SEMVIZ_SHARED")
     monkeypatch.delenv("SEMVIZ_MAX_UPLOAD_MB")
-    server.check_upload(10**10)  # one person's machine: Streamlit's own limit only
+    assert server.config().trace_bytes() == MAX_BYTES  # one person's machine: the trace's own
+
+
+def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
+    f = tmp_path / "semviz.toml"
+    f.write_text("# " + "x" * server.CONFIG_MAX_BYTES + "\nshared = true\n")
+    with pytest.raises(ConfigError) as exc:
+        read_config({}, file=f)
+    assert str(exc.value) == f"{f} is larger than the 65,536 bytes limit for this file."
 
 
 # -- the queue on the page ---------------------------------------------------------------------------

@@ -67,3 +67,80 @@ def test_user_errors_exit_2_with_one_line(tiny_dir, tmp_path, args, message):
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("semviz")]
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _err(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return rc, err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["trace", "--prompt", "hi", "--seed", str(2**70)], "argument --seed: expected an integer"),
+        (["trace", "--prompt", "hi", "--top-k", str(2**70)], "argument --top-k: expected an integer"),
+        (["trace", "--prompt", "hi", "--gravity-heads", "-100"], "PruneParams.gravity_heads=(-100,): indices must be >= 0"),
+        (["trace", "--prompt", "hi", "--gravity-layers", "99"], "gravity_layers=(99,): the model has 2 layers"),
+        (["kv-eval", "--budget", "1e308"], "--budget 1e308: a budget is at most"),
+        (["kv-eval", "--prefill", "0"], "argument --prefill: expected an integer from 1"),
+        (["kv-eval", "--prefill", "12", "--tokens", "12"], "--prefill 12 must be fewer than --tokens"),
+        (["bench", "--prompt", ""], "--prompt is empty"),
+        (["bench", "--memory", "--memory-tokens", "0"], "argument --memory-tokens: expected an"),
+        (["report", "--trace", "x.json", "--out", "r", "--top-p", "0.5"], "--top-p applies with --prompt"),
+    ],
+)  # fmt: skip
+def test_bad_values_name_their_flag(argv, message, tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.json").write_text("{}")
+    if argv[0] != "report":
+        argv = [*argv, "--model", str(tiny_dir)]
+    rc, err = _err(argv, capsys)
+    assert rc == 2 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+
+
+def test_outputs_are_checked_before_decoding_and_replaced_only_with_force(
+    tiny_dir, tmp_path, capsys
+):
+    out = tmp_path / "t.json"
+    out.write_text("mine")
+    argv = ["trace", "--model", str(tiny_dir), "--prompt", "Hi", "--steps", "2", "--json"]
+    rc, err = _err([*argv, "--out", str(out)], capsys)
+    assert rc == 2 and "t.json already exists: pass --force to replace it" in err
+    assert out.read_text() == "mine"
+    for bad, why in [(tmp_path, "it is a folder"), (tmp_path / "no" / "t.json", "does not exist")]:
+        rc, err = _err([*argv, "--out", str(bad)], capsys)
+        assert rc == 2 and why in err
+    assert main([*argv, "--out", str(out), "--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2
+    from semviz.trace import Trace
+
+    assert len(Trace.load(out).steps) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # no temp file left
+
+
+def test_a_bug_is_one_line_naming_it(monkeypatch, capsys):
+    import semviz.cli.replay as replay_cli
+
+    def broken(args):
+        raise RuntimeError("something inside\nspanning lines")
+
+    monkeypatch.setattr(replay_cli, "run", broken)
+    rc, err = _err(["replay", "x.json"], capsys)
+    assert rc == 1 and err.startswith("semviz replay: internal error, a bug in semviz")
+    assert "something inside\\nspanning lines" in err and "SEMVIZ_DEBUG=1" in err
+
+
+def test_a_prompt_that_is_not_utf8_is_refused(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "semviz", "trace", "--prompt", b"caf\xe9", "--out", "t.json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "semviz trace: argument --prompt: is not valid UTF-8 text\n"
+    assert list(tmp_path.iterdir()) == []

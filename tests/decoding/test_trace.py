@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from semviz.decoding import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
@@ -105,3 +107,141 @@ def test_replay_with_the_recorded_settings_reproduces_every_pick(tiny_lm, params
     r = replay(d.trace, params)
     assert r.token_ids == d.trace.token_ids
     assert r.first_diff is None
+
+
+# -- the strict schema -------------------------------------------------------------------------
+
+
+def _doc(trace) -> dict:
+    return json.loads(trace.to_json())
+
+
+@pytest.mark.parametrize("version", [1.0, True, "1", None, [1]])
+def test_only_the_integer_format_version_is_read(trace, version):
+    d = _doc(trace)
+    d["version"] = version
+    with pytest.raises(TraceError, match="^version: the format version must be an integer"):
+        Trace.from_dict(d)
+
+
+def _set(d: dict, path: str, value) -> None:
+    *parents, last = path.split(".")
+    for k in parents:
+        d = d[int(k)] if k.isdigit() else d[k]
+    d[int(last) if last.isdigit() else last] = value
+
+
+def _tensor(values, dtype: str) -> dict:
+    from semviz.trace import encode_tensor
+
+    return encode_tensor(torch.from_numpy(np.asarray(values, dtype=dtype)))
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("steps.3.cand_ids", "float32", r"^steps\[3\]\.cand_ids: expected an int32 tensor, got a float32"),
+        ("steps.2.chosen_rank", 5, r"^steps\[2\]\.chosen_rank: 5 does not point at token_id"),
+        ("steps.0.token_id", 49152, r"^steps\[0\]\.token_id: 49152 is out of range \[0, 49151\]"),
+        ("steps.0.token_id", 2**40, r"^steps\[0\]\.token_id: 1099511627776 is out of range"),
+        ("steps.1.u", 1.5, r"^steps\[1\]\.u: 1\.5 is out of range \[0, 1\]"),
+        ("steps.1.entropy", "high", r"^steps\[1\]\.entropy: expected a number, got a string"),
+        ("steps.1.n_kept", 2.0, r"^steps\[1\]\.n_kept: expected an integer, got a number"),
+        ("steps.4.cand_logits", "short", r"^steps\[4\]\.cand_logits: expected shape \(\d+,\), got \(3,\)"),
+        ("steps.5.attention", "shape", r"^steps\[5\]\.attention: expected shape \(2, 4, \d+\)"),
+        ("steps.2.cache_len", 0, r"^steps\[2\]\.cache_len: is 0, but cache_positions has"),
+        ("steps.2.index", 7, r"^steps\[2\]\.index: is 7, but the step is number 2"),
+        ("steps.2.token_text", "\ud800", r"^steps\[2\]\.token_text: text holds a lone surrogate"),
+        ("prompt_ids.0", -1, r"^prompt_ids\[0\]: -1 is out of range"),
+        ("prompt_tokens", [], r"^prompt_tokens: has 0 entries for \d+ prompt_ids"),
+        ("model.vocab_size", "big", r"^model\.vocab_size: expected an integer, got a string"),
+        ("settings.params.top_p", 2.0, r"^settings\.params\.top_p: must be in \(0, 1\], got 2\.0"),
+        ("settings.params.gravity_lambda", None, r"^settings\.params\.gravity_lambda: must be a number, got None"),
+        ("settings.params.gravity_layers", [5], r"^settings\.params: PruneParams\.gravity_layers=\(5,\): the model has 2 layers"),
+        ("settings.seed", 2**70, r"^settings\.seed: \d+ is out of range"),
+        ("steps.1.waterfall.0.name", 3, r"^steps\[1\]\.waterfall\[0\]\.name: expected a string"),
+        ("steps.1.stage_probs.final", "nan", r"^steps\[1\]\.stage_probs\.final: probabilities must be in \[0, 1\], found nan"),
+    ],
+)  # fmt: skip
+def test_a_bad_field_is_named_in_one_sentence(trace, path, value, message):
+    d = _doc(trace)
+    step = d["steps"][int(path.split(".")[1])] if path.startswith("steps") else None
+    if value == "float32":
+        value = _tensor([0.0, 1.0, 2.0], "float32")
+    elif value == "short":
+        value = _tensor([1.0, 0.5, 0.0], "float32")
+    elif value == "shape":
+        value = _tensor([[[0.5]]], "float16")
+    elif value == "nan":
+        k = step["cand_ids"]["shape"][0]
+        value = _tensor([float("nan")] * k, "float16")
+    _set(d, path, value)
+    with pytest.raises(TraceError, match=message) as e:
+        Trace.from_dict(d)
+    assert "\n" not in str(e.value)
+
+
+def test_ids_are_checked_against_the_callers_vocabulary(trace):
+    text = trace.to_json()
+    assert Trace.from_json(text, vocab_size=49152) == trace
+    top = max(max(trace.prompt_ids), *(int(s.cand_ids.max()) for s in trace.steps))
+    with pytest.raises(TraceError, match=r"out of range \[0, "):
+        Trace.from_json(text, vocab_size=top)
+
+
+def test_nesting_size_and_bare_nan_are_refused(trace, tmp_path):
+    d = _doc(trace)
+    d["extra"] = "@deep@"
+    deep = json.dumps(d).replace('"@deep@"', "[" * 20 + "]" * 20)
+    with pytest.raises(TraceError, match="^extra: the JSON is nested deeper than 16 levels"):
+        Trace.from_json(deep)
+    with pytest.raises(TraceError, match="nested deeper than 16 levels"):
+        Trace.from_json("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(TraceError, match="larger than the"):
+        Trace.from_json(trace.to_json(), max_bytes=1000)
+    with pytest.raises(TraceError, match="bare NaN"):
+        Trace.from_json(trace.to_json().replace('"u": ', '"u": NaN, "x": ', 1))
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # sparse: the read stops at the limit, long before the end
+        f.truncate(64 << 20)
+    with pytest.raises(TraceError, match=r"larger than the 1 MiB limit"):
+        Trace.load(big, max_bytes=1 << 20)
+
+
+def test_devices_and_folders_are_not_read(tmp_path):
+    with pytest.raises(TraceError, match="not a regular file"):
+        Trace.load("/dev/zero")
+    with pytest.raises(TraceError, match="is a folder"):
+        Trace.load(tmp_path)
+
+
+def test_save_is_atomic_and_leaves_no_temp_file(trace, tmp_path):
+    (tmp_path / "t.json").mkdir()
+    with pytest.raises(OSError):
+        trace.save(tmp_path / "t.json")  # a folder is in the way
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+    path = trace.save(tmp_path / "u.json")
+    assert Trace.load(path) == trace and sorted(p.name for p in tmp_path.iterdir()) == [
+        "t.json",
+        "u.json",
+    ]
+
+
+def test_markup_in_a_trace_is_shown_as_text(trace):
+    from unittest import mock
+
+    from semviz import charts, escape, report
+
+    t = Trace.from_json(trace.to_json())
+    t.steps[-1].token_text = "<b>bold</b>"
+    t.model["name"] = "![x](http://example.invalid/x.png) <img src=x>"
+    with mock.patch("plotly.offline.get_plotlyjs", return_value=""):
+        page = report.report_html(t, [])
+    assert "<b>bold</b>" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert "<img src=x>" not in page and "&lt;img src=x&gt;" in page
+    fig = charts.distribution_figure(["<b>bold</b>", "a&b"], {"raw": np.array([0.6, 0.4])})
+    assert fig.data[0].x == ("1. &lt;b&gt;bold&lt;/b&gt;", "2. a&amp;b")
+    hover = charts.entropy_figure(charts.step_frame(t), PruneParams()).data[0].customdata
+    assert list(hover[-1]) == [len(t.steps) - 1, "&lt;b&gt;bold&lt;/b&gt;"]  # (step, token)
+    shown = escape.markdown(t.model["name"])
+    assert shown.startswith(r"\!\[x\]\(http\:\/\/") and "<" not in shown.replace(r"\<", "")

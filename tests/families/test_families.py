@@ -22,8 +22,8 @@ from semviz import gravity
 from semviz.capture import AttentionSink, capturing
 from semviz.decoding import Decoder, DecodeSettings
 from semviz.model import require_rope, uses_rope
-from semviz.pruning import PruneParams
 from semviz.replay import recompute_gravity, replay
+from semviz.sampling import PruneParams
 from tests.eviction.test_exactness import (
     _IMPL,
     CASES,

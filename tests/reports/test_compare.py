@@ -9,6 +9,7 @@ import pytest
 
 from semviz import metrics
 from semviz.compare import (
+    DIFF_BG,
     Side,
     compare,
     comparison_figure,
@@ -81,7 +82,9 @@ def test_first_divergence_and_diff():
     ops = text_diff(["a", " b", " c"], ["a", " x", " c"])
     assert ("replace", " b", " x") in ops
     left, right = diff_html(["a", "<b>"], ["a", "c"])
-    assert "&lt;b&gt;" in left and "background:#fdd" in left and "background:#dfd" in right
+    assert "&lt;b&gt;" in left and ">c<" in right
+    # each side's changed text is tinted in that side's own line colour
+    assert f"background:{DIFF_BG[0]}" in left and f"background:{DIFF_BG[1]}" in right
 
 
 def test_run_metrics_on_a_run(tiny_lm):

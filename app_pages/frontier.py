@@ -1,0 +1,244 @@
+"""Does it help? Coherence against diversity for two or more settings, judged by an outside model.
+
+Opens on the shipped result (``data/frontier/``), so the frontier shows at once. A results
+file written by ``python -m semviz frontier`` (or by a sweep started here) can be opened
+instead. A sweep started here runs in the background on the sidebar's model and writes its
+Parquet after every batch: Stop drops only the batch in flight, and starting the same sweep
+again resumes it.
+
+A shared server (``SEMVIZ_SHARED``) shows the shipped result only: a visitor types no path the
+server would read or write, and starts no sweep that would hold the model outside its queue.
+"""
+
+import threading
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from semviz import frontier as fr
+from ui import page, server
+from ui.errors import message
+
+POLL_SECONDS = 1.0
+
+ctx = page.context("Does it help?")
+SHARED = server.config().shared  # read after the sidebar, which stops on a bad configuration
+job = st.session_state.setdefault("frontier_job", {"running": False})
+
+st.caption(
+    "Each curve is one setting with one knob swept (temperature by default). Every point "
+    "continues a prompt set with several seeds; **coherence** is the cosine between the "
+    "prompt's and the continuation's sentence embeddings from an outside judge "
+    "(all-MiniLM-L6-v2, never the LM being steered), **diversity** is word distinct-2. "
+    "Up and to the right is better. Bars are 95% bootstrap CIs over prompts. "
+    "B dominates A only when the CI of its coherence gap at matched diversity excludes 0."
+)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _read(path: str, mtime: float) -> pd.DataFrame:
+    return fr.load_results(path)
+
+
+@st.cache_data(show_spinner="Bootstrapping…", max_entries=16)
+def _summary(path: str, mtime: float, knob: str, labels: tuple, x: str) -> fr.Summary:
+    df = _read(path, mtime)
+    df = df[df["knob"] == knob]
+    ordered = pd.concat([df[df["setting"] == s] for s in labels])  # the first is A
+    return fr.summarize(ordered, x=x, n_boot=500)
+
+
+def _source() -> str | None:
+    if SHARED:
+        st.caption(
+            "This server shows the shipped result. Run your own sweep with "
+            "`python -m semviz frontier` on your machine."
+        )
+        return str(fr.SHIPPED)
+    choices = ["Shipped result (test half)", "A results file"]
+    pick = st.radio("Results", choices, horizontal=True, key="fr_source")
+    if pick == choices[0]:
+        return str(fr.SHIPPED)
+    if "fr_path" not in st.session_state:
+        st.session_state["fr_path"] = fr.DEFAULT_OUT
+    path = st.text_input("Parquet written by `python -m semviz frontier`", key="fr_path")
+    return path.strip() or None
+
+
+def _load(path: str | None) -> pd.DataFrame | None:
+    if path is None:
+        st.info("Give the path of a results file.")
+        return None
+    p = Path(path)
+    if not p.is_file():
+        st.info(
+            f"No results at `{path}` yet: run a sweep below or with `python -m semviz frontier`."
+        )
+        return None
+    try:
+        df = _read(str(p), p.stat().st_mtime)
+    except ValueError as exc:
+        st.error(f"Results not read: {exc}", icon="⚠️")
+        return None
+    if not len(df):
+        st.info("The file holds no rows yet.")
+        return None
+    return df
+
+
+def _controls(df: pd.DataFrame) -> tuple[str, tuple, str] | None:
+    knobs = list(dict.fromkeys(df["knob"]))
+    c1, c2, c3 = st.columns([1, 3, 1])
+    knob = c1.selectbox("Knob", knobs, key="fr_knob")
+    labels = list(dict.fromkeys(df.loc[df["knob"] == knob, "setting"]))
+    picked = c2.multiselect(
+        "Settings (the first is A, the reference)", labels, default=labels, key="fr_settings"
+    )
+    x = c3.selectbox("Diversity axis", list(fr.X_AXES), format_func=fr.X_AXES.get, key="fr_x")
+    if not picked:
+        st.info("Pick at least one setting.")
+        return None
+    return knob, tuple(picked), x
+
+
+def _frontier(path: str, df: pd.DataFrame) -> None:
+    sel = _controls(df)
+    if sel is None:
+        return
+    knob, labels, x = sel
+    try:
+        s = _summary(path, Path(path).stat().st_mtime, knob, labels, x)
+    except ValueError as exc:
+        st.error(message(exc), icon="⚠️")
+        return
+    st.plotly_chart(fr.frontier_figure(s), key="fr_chart", config={"displaylogo": False})
+    for d in s.dominance:
+        (st.success if " dominates " in d.verdict and "neither" not in d.verdict else st.info)(
+            d.verdict
+        )
+    st.caption(f"{s.n_prompts} prompts · {len(df[df['knob'] == knob])} continuations in the file")
+    cols = ["setting", "value", "coherence", "coherence_lo", "coherence_hi", "distinct_1",
+            "distinct_2", "cross_sim", "repetition", "short", "ppl", "prompts"]  # fmt: skip
+    st.dataframe(
+        s.points[cols].rename(columns={"value": knob, "short": "<4 words", "ppl": "perplexity"}),
+        hide_index=True, width="stretch",
+    )  # fmt: skip
+    _samples(df[df["knob"] == knob], s, knob)
+
+
+def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
+    st.subheader("Sample continuations")
+    pts = [(r["setting"], r["value"]) for r in s.points.to_dict("records")]
+    c1, c2 = st.columns([2, 3])
+    i = c1.selectbox(
+        "Point", range(len(pts)), key="fr_point",
+        format_func=lambda k: f"{pts[k][0]} · {knob}={pts[k][1]:g}",
+    )  # fmt: skip
+    setting, value = pts[i]
+    rows = df[(df["setting"] == setting) & (df["value"] == value)]
+    kinds = ["all", *sorted(rows["kind"].unique())]
+    kind = c2.radio("Kind", kinds, horizontal=True, key="fr_kind")
+    if kind != "all":
+        rows = rows[rows["kind"] == kind]
+    show = rows[["prompt", "seed", "text", "coherence", "distinct_2", "repetition", "ppl"]]
+    st.dataframe(
+        show.rename(columns={"text": "continuation", "ppl": "perplexity"}),
+        hide_index=True, width="stretch",
+        column_config={"prompt": st.column_config.TextColumn(width="medium"),
+                       "continuation": st.column_config.TextColumn(width="large")},
+    )  # fmt: skip
+
+
+# -- a sweep from the page ------------------------------------------------------------------
+
+
+def _worker(lm, cfg: fr.SweepConfig, out: str, state: dict) -> None:
+    """Runs in a thread: only plain data goes back through ``state`` (no Streamlit calls)."""
+    try:
+        res = fr.run_sweep(
+            lm, cfg, out, on_progress=lambda p: state.update(progress=p),
+            should_stop=lambda: state.get("stop", False),
+        )  # fmt: skip
+        state.update(result=f"{res.new_rows} new rows, {res.skipped_rows} already there"
+                     + (" · stopped" if res.stopped else ""))  # fmt: skip
+    except Exception as exc:  # shown on the page; the rows written so far stay in the file
+        state["error"] = message(exc)
+    finally:
+        state["running"] = False
+
+
+def _start() -> None:
+    from semviz.compare import parse_side
+
+    ss = st.session_state
+    job.update(error=None, result=None, stop=False, progress=None)
+    try:
+        if ctx.lm is None:
+            raise ValueError("the model is not loaded")
+        specs = [ss["fr_a"], ss["fr_b"], *([ss["fr_c"]] if ss["fr_c"].strip() else [])]
+        values = tuple(float(v) for v in ss["fr_values"].split(",") if v.strip())
+        cfg = fr.SweepConfig(
+            settings=tuple(parse_side(s) for s in specs), knob=ss["fr_new_knob"], values=values,
+            split=ss["fr_split"], n_prompts=int(ss["fr_n"]), seeds=int(ss["fr_seeds"]),
+            new_tokens=int(ss["fr_tokens"]), chat=ctx.settings.chat,
+        )  # fmt: skip
+        out = ss["fr_out"].strip() or fr.DEFAULT_OUT
+    except Exception as exc:
+        job["error"] = message(exc)
+        return
+    job.update(running=True, out=out)
+    threading.Thread(target=_worker, args=(ctx.lm, cfg, out, job), daemon=True).start()
+    ss["fr_source"], ss["fr_path"] = "A results file", out
+
+
+def _stop() -> None:
+    job["stop"] = True
+
+
+def _sweep_form() -> None:
+    with st.expander("Run a sweep on the sidebar's model", expanded=job["running"]):
+        c1, c2, c3 = st.columns(3)
+        c1.text_input("Setting A", "top_p=0.95", key="fr_a")
+        c2.text_input("Setting B", "top_p=0.95,gravity_lambda=0.5", key="fr_b")
+        c3.text_input("Setting C (optional)", "", key="fr_c")
+        c1.selectbox("Knob", list(fr.KNOBS), key="fr_new_knob")
+        c2.text_input("Values", "0.7,1.0,1.3", key="fr_values")
+        c3.selectbox("Prompt half", ["dev", "test"], key="fr_split",
+                     help="Tune on dev; report on test.")  # fmt: skip
+        c1.number_input("Prompts", 1, 24, 12, key="fr_n")
+        c2.number_input("Seeds", 1, 8, 2, key="fr_seeds")
+        c3.number_input("New tokens", 4, 256, 48, key="fr_tokens")
+        st.text_input("Write results to", fr.DEFAULT_OUT, key="fr_out")
+        b1, b2, _ = st.columns([1, 1, 4])
+        b1.button("Run sweep", type="primary", on_click=_start, disabled=job["running"],
+                  key="fr_run")  # fmt: skip
+        b2.button("Stop", on_click=_stop, disabled=not job["running"], key="fr_stop")
+        _progress()
+
+
+@st.fragment(run_every=POLL_SECONDS if job["running"] else None)
+def _progress() -> None:
+    p = job.get("progress")
+    if job["running"]:
+        frac = p.fraction if p is not None else 0.0
+        where = p.point if p is not None else "loading the judge"
+        st.progress(
+            frac, text=f"{frac:.0%} · {where}" + (" · stopping…" if job.get("stop") else "")
+        )
+    if job.get("error"):
+        st.error(job["error"], icon="⚠️")
+    if job.get("result"):
+        st.success(f"Sweep finished: {job['result']} in `{job['out']}`.")
+    if not job["running"] and job.get("was_running"):
+        job["was_running"] = False
+        st.rerun()  # the whole page, so the chart reads the new rows
+    job["was_running"] = job["running"]
+
+
+path = _source()
+df = _load(path)
+if df is not None:
+    _frontier(path, df)
+if not SHARED:
+    _sweep_form()

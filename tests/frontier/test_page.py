@@ -1,0 +1,101 @@
+"""The "Does it help?" page in AppTest, on precomputed results (no model run)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semviz.frontier import SHIPPED
+from tests.frontier import synth
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+PAGE = "app_pages/frontier.py"
+
+
+@pytest.fixture()
+def page(tiny_dir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page(PAGE).run()
+    assert not at.exception
+    return at
+
+
+def _values(v) -> list:
+    """A Plotly array from the figure JSON (plotly 6 sends numbers as base64 typed arrays)."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return list(v)
+
+
+def _figure(at) -> dict:
+    charts = at.get("plotly_chart")
+    assert len(charts) == 1
+    return json.loads(charts[0].proto.spec)
+
+
+def test_opens_on_the_shipped_frontier(page):
+    assert SHIPPED.is_file()
+    assert page.title[0].value == "Does it help?"
+    fig = _figure(page)
+    assert len(fig["data"]) >= 2  # one curve per setting
+    assert all(len(_values(tr["x"])) == 3 for tr in fig["data"])  # T 0.7, 1.0, 1.3
+    assert all(0 < y < 1 for tr in fig["data"] for y in _values(tr["y"]))
+    verdicts = [e.value for e in [*page.success, *page.info]]
+    assert any(" dominates " in v or "neither" in v for v in verdicts), verdicts
+    assert not page.error
+
+
+def test_a_results_file_with_picked_settings_and_sample_continuations(page, tmp_path):
+    df = synth.rows({
+        "A": {0.7: ([0.5, 0.6], [0.80, 0.85]), 1.3: ([0.4, 0.5], [0.90, 0.95])},
+        "B": {0.7: ([0.6, 0.7], [0.80, 0.85]), 1.3: ([0.5, 0.6], [0.90, 0.95])},
+        "C": {0.7: ([0.1, 0.2], [0.80, 0.85]), 1.3: ([0.1, 0.1], [0.90, 0.95])},
+    })  # fmt: skip
+    path = tmp_path / "r.parquet"
+    df.to_parquet(path)
+    page.radio(key="fr_source").set_value("A results file").run()
+    page.text_input(key="fr_path").set_value(str(path)).run()
+    assert not page.exception and not page.error
+    assert [t["name"] for t in _figure(page)["data"]] == ["A", "B", "C"]
+    assert any(
+        s.value.startswith("B dominates A:") and "0.100 more" in s.value for s in page.success
+    )
+    page.multiselect(key="fr_settings").set_value(["C", "A"]).run()
+    assert [t["name"] for t in _figure(page)["data"]] == ["C", "A"]
+    assert any(s.value.startswith("A dominates C") for s in page.success)
+    page.selectbox(key="fr_point").set_value(1).run()  # C at T 1.3
+    table = page.dataframe[-1].value
+    assert len(table) == 4  # 2 prompts x 2 seeds
+    assert set(table["continuation"]) == {
+        f"text of C at 1.3 for prompt {p} seed {s}" for p in (0, 1) for s in (0, 1)
+    }
+    assert {"coherence", "distinct_2", "repetition", "perplexity"} <= set(table.columns)
+
+
+def test_a_missing_or_broken_file_is_one_message(page, tmp_path):
+    page.radio(key="fr_source").set_value("A results file").run()
+    page.text_input(key="fr_path").set_value(str(tmp_path / "none.parquet")).run()
+    assert not page.exception
+    assert any("No results at" in i.value for i in page.info)
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    page.text_input(key="fr_path").set_value(str(bad)).run()
+    assert not page.exception
+    assert [e.value for e in page.error] and "not a readable results file" in page.error[0].value
+
+
+def test_a_bad_sweep_setting_is_one_message_and_starts_nothing(page):
+    page.text_input(key="fr_b").set_value("top_pp=0.9").run()
+    page.button(key="fr_run").click().run()
+    assert not page.exception
+    assert not page.session_state["frontier_job"]["running"]
+    assert any("top_pp" in e.value for e in page.error)
