@@ -43,12 +43,15 @@ MAX_SESSIONS, MAX_SECONDS = 16, 300
 CLOSED_SECONDS = 5  # the server drops a closed tab's run this long after it closed
 GENERATED = re.compile(r"(\d+) tokens generated")
 PHASES = ("alone_before", "together", "alone_after")
+# a plain continuation (no chat template): a chat answer ends with EOS after a sentence or two,
+# which would stop a session long before its phase is over
+PROMPT = "The old harbour town woke slowly that winter morning. Down by the water,"
 
 
 def settings_of(i: int) -> dict[str, str]:
     """Session ``i``'s link: its own seed and temperature, a run long enough for any phase."""
     return {"seed": str(100 + i), "temperature": f"{0.7 + 0.1 * (i % 5):.1f}",
-            "max_new_tokens": "4096"}  # fmt: skip
+            "max_new_tokens": "4096", "chat": "0", "prompt": PROMPT}  # fmt: skip
 
 
 class RSS:
@@ -101,28 +104,37 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     server's CPU seconds and the load average over the phase.
 
     A step under way when Stop is pressed still adds its token, so a session's count can be one
-    high; that holds alike for every phase.
+    high; that holds alike for every phase. A run that ends by itself (EOS) is seen by polling
+    its Stop button once a second: its time ends there, and it is marked ``ended_early``.
     """
     from tests.e2e.test_browser import wait_idle
     from tests.e2e.test_sessions import strip_texts
 
     cpu0 = cpu_seconds(pid)
+    # by key: while a script runs, Streamlit's header shows a "Stop" button of its own
+    stops = [p.locator(".st-key-btn_stop button") for p in pages]
     started = []
     for p in pages:
-        p.get_by_role("button", name="Play", exact=True).click()
+        p.locator(".st-key-btn_play button").click()
         started.append(time.perf_counter())
-    time.sleep(max(0.0, started[0] + seconds - time.perf_counter()))
+    ended: list[float | None] = [None] * len(pages)
+    while time.perf_counter() < started[0] + seconds:
+        time.sleep(1.0)
+        for i, stop in enumerate(stops):
+            if ended[i] is None and time.perf_counter() > started[i] + 3 and not stop.is_enabled():
+                ended[i] = time.perf_counter()
     stopped = []
-    for p in pages:
-        p.get_by_role("button", name="Stop", exact=True).click()
-        stopped.append(time.perf_counter())
+    for i, stop in enumerate(stops):
+        if ended[i] is None and stop.is_enabled():
+            stop.click()
+        stopped.append(ended[i] or time.perf_counter())
     load = os.getloadavg()[0]
     sessions = []
-    for p, t0, t1 in zip(pages, started, stopped, strict=True):
+    for p, t0, t1, e in zip(pages, started, stopped, ended, strict=True):
         wait_idle(p)
         n = generated(p)
         sessions.append({"tokens": n, "seconds": t1 - t0, "tok_s": n / (t1 - t0),
-                         "text": strip_texts(p)})  # fmt: skip
+                         "ended_early": e is not None, "text": strip_texts(p)})  # fmt: skip
     cpu = cpu_seconds(pid) - cpu0
     tokens = sum(s["tokens"] for s in sessions)
     return {
@@ -194,7 +206,7 @@ def run(args) -> dict:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             c, p = open_app(browser, url)  # warm-up: load the model once
-            p.get_by_role("button", name="Step", exact=True).click()
+            p.locator(".st-key-btn_step button").click()
             wait_idle(p)
             c.close()
             time.sleep(CLOSED_SECONDS + 5)
@@ -228,8 +240,10 @@ def report(res: dict) -> None:
               f"{ph['server_cpu_s_per_token']:.3f} server CPU-s per token, "
               f"load average {ph['load_average_1min']:.2f}")  # fmt: skip
         for i, s in enumerate(ph["sessions"]):
+            early = " (the run ended by itself)" if s["ended_early"] else ""
             print(f"  session {i}: {s['tokens']:5d} tokens in {s['seconds']:.1f} s = "
-                  f"{s['tok_s']:.2f} tok/s; same as a Decoder alone: {s['same_as_decoder']}")  # fmt: skip
+                  f"{s['tok_s']:.2f} tok/s{early}; same as a Decoder alone: "
+                  f"{s['same_as_decoder']}")  # fmt: skip
     r = res["ratios"]
     print(f"{res['sessions']} sessions together over one alone (mean of before and after), "
           f"{res['seconds']:.0f} s a phase:")  # fmt: skip
@@ -237,6 +251,8 @@ def report(res: dict) -> None:
     print(f"  tok/s of each session      {r['tok_s_per_session']:.2f}x")
     print(f"  server CPU-s per token     {r['server_cpu_s_per_token']:.2f}x")
     print(f"  alone after / alone before {r['alone_after_over_before']:.2f}x  (drift of the load)")
+    if any(s["ended_early"] for name in PHASES for s in res[name]["sessions"]):
+        print("  (a run ended by itself: the total tok/s of its phase is a lower bound)")
     print(f"server memory: {res['rss_idle_mb']:.0f} MB idle with the model, peak "
           f"{res['rss_peak_alone_mb']:.0f} MB alone, {res['rss_peak_together_mb']:.0f} MB "
           f"together, {res['rss_runs_held_mb']:.0f} MB with the runs held, "
