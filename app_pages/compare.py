@@ -9,8 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from semviz import compare as cmp
+from semviz.decoding import encode_prompt
 from semviz.metrics import METRIC_INFO
-from ui import page
+from ui import page, server
 from ui.errors import message
 
 TICK_SECONDS = 0.4
@@ -35,7 +36,8 @@ for key, default in (
 c1, c2, c3 = st.columns([3, 3, 1])
 c1.text_input("Side A", key="cmp_a")
 c2.text_input("Side B", key="cmp_b")
-c3.number_input("Tokens", 1, 512, 32, key="cmp_steps")
+most = server.config().cap_steps(512)
+c3.number_input("Tokens", 1, most, min(32, most), key="cmp_steps")
 job["cmp_a"], job["cmp_b"] = st.session_state["cmp_a"], st.session_state["cmp_b"]
 
 
@@ -48,10 +50,12 @@ def _start() -> None:
         ]
         if ctx.lm is None:
             raise ValueError("the model is not loaded")
-        res = cmp.start(
-            ctx.lm, settings.prompt, sides, steps=int(st.session_state["cmp_steps"]),
-            seed=int(settings.seed), chat=settings.chat,
-        )  # fmt: skip
+        server.check_prompt(encode_prompt(ctx.lm, settings.prompt, settings.chat))
+        with server.model_turn():
+            res = cmp.start(
+                ctx.lm, settings.prompt, sides, steps=int(st.session_state["cmp_steps"]),
+                seed=int(settings.seed), chat=settings.chat,
+            )  # fmt: skip
     except Exception as exc:  # shown above the results; nothing else is touched
         job.update(error=message(exc), running=False)
         return
@@ -78,7 +82,8 @@ def results() -> None:
     res = job.get("result")
     if job["running"]:
         try:
-            cmp.advance(res, seconds=TICK_SECONDS)
+            with server.model_turn() as turn:  # one tick; between tokens others go first
+                cmp.advance(res, seconds=TICK_SECONDS, on_step=lambda *_: turn.let_others())
         except Exception as exc:
             job.update(error=message(exc), running=False)
         if res.finished:

@@ -5,6 +5,9 @@ file written by ``python -m semviz frontier`` (or by a sweep started here) can b
 instead. A sweep started here runs in the background on the sidebar's model and writes its
 Parquet after every batch: Stop drops only the batch in flight, and starting the same sweep
 again resumes it.
+
+A shared server (``SEMVIZ_SHARED``) shows the shipped result only: a visitor types no path the
+server would read or write, and starts no sweep that would hold the model outside its queue.
 """
 
 import threading
@@ -14,12 +17,13 @@ import pandas as pd
 import streamlit as st
 
 from semviz import frontier as fr
-from ui import page
+from ui import page, server
 from ui.errors import message
 
 POLL_SECONDS = 1.0
 
 ctx = page.context("Does it help?")
+SHARED = server.config().shared  # read after the sidebar, which stops on a bad configuration
 job = st.session_state.setdefault("frontier_job", {"running": False})
 
 st.caption(
@@ -46,6 +50,12 @@ def _summary(path: str, mtime: float, knob: str, labels: tuple, x: str) -> fr.Su
 
 
 def _source() -> str | None:
+    if SHARED:
+        st.caption(
+            "This server shows the shipped result. Run your own sweep with "
+            "`python -m semviz frontier` on your machine."
+        )
+        return str(fr.SHIPPED)
     choices = ["Shipped result (test half)", "A results file"]
     pick = st.radio("Results", choices, horizontal=True, key="fr_source")
     if pick == choices[0]:
@@ -230,4 +240,5 @@ path = _source()
 df = _load(path)
 if df is not None:
     _frontier(path, df)
-_sweep_form()
+if not SHARED:
+    _sweep_form()

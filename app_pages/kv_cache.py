@@ -14,7 +14,7 @@ from semviz import charts
 from semviz.decoding import encode_prompt
 from semviz.eviction import POLICIES, KVEval, parse_budgets, teacher_forced_ids
 from semviz.forward import kv_bytes_per_token
-from ui import page
+from ui import page, server
 from ui.errors import message
 
 TICK_SECONDS = 0.4
@@ -99,7 +99,8 @@ else:
         c1, c2, c3 = st.columns([3, 2, 1])
         c1.multiselect("Policies", names, default=names[:2], key="kve_policies")
         c2.text_input("Budgets (tokens or fractions)", "16, 32", key="kve_budgets")
-        c3.number_input("Tokens", 16, 2048, 64, step=16, key="kve_tokens")
+        most = max(16, min(2048, server.config().max_prompt_tokens or 2048))
+        c3.number_input("Tokens", 16, most, min(64, most), step=16, key="kve_tokens")
         st.form_submit_button(
             "Run kv-eval", type="primary", on_click=_start, disabled=job["running"]
         )
@@ -116,12 +117,14 @@ def _tick() -> None:
     """Advance the evaluation for about ``TICK_SECONDS``; keep its rows in the session."""
     run = job["run"]
     t0 = time.perf_counter()
-    while not run.finished and time.perf_counter() - t0 < TICK_SECONDS:
-        reference = not run.ref.done
-        t1 = time.perf_counter()
-        run.step()
-        if not reference:  # the time left is estimated from the per-token forwards
-            job["elapsed"] += time.perf_counter() - t1
+    with server.model_turn() as turn:
+        while not run.finished and time.perf_counter() - t0 < TICK_SECONDS:
+            reference = not run.ref.done
+            t1 = time.perf_counter()
+            run.step()
+            if not reference:  # the time left is estimated from the per-token forwards
+                job["elapsed"] += time.perf_counter() - t1
+            turn.let_others()  # between two forwards: other sessions go first
     sess.kv_eval = run.rows()
     if run.finished:
         job["running"] = False

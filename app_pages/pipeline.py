@@ -8,7 +8,7 @@ import streamlit as st
 from semviz import charts, style
 from semviz.decoding import encode_prompt
 from semviz.forward import kv_bytes_per_token, prefill_scan
-from ui import page, views
+from ui import page, server, views
 from ui.errors import guard
 
 ctx = page.context("Pipeline")
@@ -77,7 +77,7 @@ if dec is not None and ctx.steps:
     )
 
 st.subheader("4 · Prefill time vs prompt length")
-limit = min(lm.max_context - 1, 2048)
+limit = min(lm.max_context - 1, 2048, server.config().max_prompt_tokens or 2048)
 lengths = [n for n in (32, 128, 256, 512, 1024, 1536, 2048) if n <= limit]
 if st.button(
     "Measure prefill times",
@@ -88,8 +88,9 @@ if st.button(
 
     def tick(done: int, total: int) -> None:
         bar.progress(done / total, text=f"measuring… {done}/{total}")
+        turn.let_others()
 
-    with guard("measuring prefill"):
+    with guard("measuring prefill"), server.model_turn() as turn:
         ctx.sess.prefill_scan = prefill_scan(lm, lengths, on_progress=tick)
         bar.empty()
 if ctx.sess.prefill_scan:

@@ -16,7 +16,7 @@ from semviz import charts, report
 from ui import page as ui_page
 from ui import views, whatif
 from ui.errors import guard
-from ui.state import Settings, session
+from ui.state import Settings, session, url_count
 
 SHOWN = 8  # candidates drawn; the token taken is added below them when it ranks lower
 CONTEXT_CHARS = 170  # about two lines of context at 1440 px
@@ -61,10 +61,8 @@ def _frozen_step(n: int) -> int:
         sess.extra.pop("presenter_step", None)
         sess.extra["presenter_trace"] = id(tr)
     if "presenter_step" not in sess.extra:
-        url = st.query_params.get("step")
-        try:
-            start = int(url) if url is not None else sess.selected_step()
-        except ValueError:
+        start = url_count("step", st.query_params.get("step"))
+        if start is None:  # not in the link, or not a count
             start = sess.selected_step()
         sess.extra["presenter_step"] = start
     i = max(0, min(int(sess.extra["presenter_step"]), n - 1))

@@ -15,7 +15,7 @@ import streamlit as st
 from semviz import escape, report
 from semviz.metrics import METRIC_INFO, run_metrics
 from semviz.trace import Trace, TraceError
-from ui import page, views
+from ui import page, server, views
 
 ctx = page.context("Report")
 views.page_css()
@@ -33,13 +33,21 @@ if source == "the current run":
         page.need_trace(ctx)
 else:
     c1, c2 = st.columns(2)
-    up = c1.file_uploader("Trace JSON", type=["json"], key="report_upload")
-    path = c2.text_input(
-        "…or a trace file on this machine", key="report_path", placeholder="out/trace.json"
+    cfg = server.config()
+    up = c1.file_uploader(
+        "Trace JSON", type=["json"], key="report_upload", max_upload_size=cfg.max_upload_mb
     )
+    if cfg.shared:  # a shared server never reads a path a visitor typed
+        path = ""
+        c2.caption("This server takes traces by upload only.")
+    else:
+        path = c2.text_input(
+            "…or a trace file on this machine", key="report_path", placeholder="out/trace.json"
+        )
     try:
         if up is not None and store.get("upload_id") != up.file_id:
-            store["loaded"] = Trace.from_json(up.getvalue())
+            # the size is checked before the bytes are parsed
+            store["loaded"] = Trace.from_json(up.getvalue(), max_bytes=cfg.trace_bytes())
             store["upload_id"] = up.file_id
         elif path.strip() and store.get("path") != path.strip():
             store["loaded"] = Trace.load(path.strip())

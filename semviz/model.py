@@ -360,6 +360,30 @@ def _load_dir(
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
+def model_key(name: str | None) -> str:
+    """The one spelling of a model name, so that one model is loaded (and cached) once.
+
+    The offline default ("", "default" or its name) is ``DEFAULT_MODEL``; a local folder or
+    ``.gguf`` file is its absolute path with ``~`` expanded, symlinks resolved and no
+    trailing ``/``; anything else (a hub id) is kept as typed, without surrounding spaces.
+
+    >>> model_key(" default "), model_key("HuggingFaceTB/SmolLM2-360M")
+    ('SmolLM2-135M-Instruct', 'HuggingFaceTB/SmolLM2-360M')
+    >>> model_key("/tmp/") == model_key("/tmp//") == str(Path("/tmp").resolve())
+    True
+    """
+    text = (name or "").strip()
+    if text in ("", "default", DEFAULT_MODEL):
+        return DEFAULT_MODEL
+    try:
+        path = Path(text).expanduser()
+        if path.exists() or text.endswith(".gguf") or text.startswith(("/", ".", "~")):
+            return str(path.resolve())
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, an unknown ~user, a symlink loop
+        pass
+    return text
+
+
 def _hub_reachable(timeout: float = 1.5) -> bool:
     """A quick TCP probe so an offline machine fails in a second, not after minutes of retries."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):

@@ -9,12 +9,22 @@ section), so a field added there with a widget shows up here by itself.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from semviz.model import DEFAULT_MODEL
 from semviz.presets import PRESETS
-from ui import kv
-from ui.state import KEY_PREFIX, PARAM_FIELDS, Settings, default_model_name, spec_of
+from ui import kv, server, sessions
+from ui.state import (
+    KEY_PREFIX,
+    PARAM_FIELDS,
+    Settings,
+    default_model_name,
+    session,
+    spec_of,
+    url_count,
+)
 
 K = KEY_PREFIX
 
@@ -26,23 +36,39 @@ NOTES = "settings_notes"  # what reading the link changed, shown once
 def init_state() -> Settings:
     """Bring the widget keys up to date and return the current ``Settings``.
 
-    The first time: URL query parameters over the defaults. Afterwards: the widgets' values
-    where Streamlit still holds them, else the stored ``Settings`` (Streamlit drops the state
-    of widgets that were not drawn in a run, e.g. on a page switch), so settings survive.
+    The first time: URL query parameters over the defaults, within this server's limits
+    (``ui.server``). Afterwards: the widgets' values where Streamlit still holds them, else the
+    stored ``Settings`` (Streamlit drops the state of widgets that were not drawn in a run,
+    e.g. on a page switch), so settings survive.
     """
     state = st.session_state
     stored = state.get(STORE)
     if stored is None:
         notes: list[str] = []
         try:
-            stored = Settings.from_query_params(st.query_params, notes)
+            stored = read_link(st.query_params, notes)
         except Exception:  # a malformed URL must not stop the app
             stored, notes = Settings(), ["The link's settings could not be read; using defaults."]
         state[NOTES] = notes
-    current = Settings.from_state(_Layered(state, stored))
+    current = server.limit_settings(Settings.from_state(_Layered(state, stored)))
     current.seed_state(state, overwrite=True)
     state[STORE] = current
     return current
+
+
+def read_link(qp, notes: list[str]) -> Settings:
+    """The settings a link carries, each value it could not use replaced and noted: numbers
+    clamped to the widgets' ranges, unknown choices dropped, the server's limits applied;
+    ``step`` and ``steps`` (read by the pages) checked the same way."""
+    s = Settings.from_query_params(qp, notes)
+    if s.kv_policy not in kv.policy_names():
+        notes.append(
+            f"Ignored kv_policy={s.kv_policy[:40]!r}: expected one of {kv.policy_names()}."
+        )
+        s = replace(s, kv_policy="none")
+    for name in ("step", "steps"):
+        url_count(name, qp.get(name), notes)
+    return server.limit_settings(s, notes, asked=set(qp.keys()))
 
 
 class _Layered:
@@ -71,17 +97,24 @@ def apply_preset() -> None:
 
 
 def sidebar() -> Settings:
-    """Draw the shared controls and return the current ``Settings``."""
+    """Draw the shared controls and return the current ``Settings``.
+
+    A server whose configuration cannot be used stops here, on every page, with one sentence.
+    """
+    try:
+        cfg = server.config()
+    except server.ConfigError as exc:
+        st.error(f"This server is not set up right: {exc}", icon="⚠️")
+        st.stop()
+    sessions.touch(session(st.session_state))
     init_state()
     sb = st.sidebar
+    if cfg.shared:
+        sb.caption(server.queue_caption())
     for note in st.session_state.pop(NOTES, None) or []:
         sb.warning(note, icon="🔗")
     with sb.expander("Model & prompt", expanded=True):
-        default = default_model_name() or DEFAULT_MODEL
-        model = spec_of("model")
-        st.text_input(
-            model.label, key=K + "model", placeholder=f"default: {default}", help=model.help
-        )
+        _model_widget(cfg)
         st.toggle(spec_of("chat").label, key=K + "chat", help=spec_of("chat").help)
         preset = spec_of("preset")
         st.selectbox(
@@ -105,9 +138,30 @@ def sidebar() -> Settings:
         _number("seed", c1)
         _number("run_n", c2)
         _number("max_new_tokens")
-    current = Settings.from_state(st.session_state)
+    current = server.limit_settings(Settings.from_state(st.session_state))
     st.session_state[STORE] = current
     return current
+
+
+def _model_widget(cfg: server.ServerConfig) -> None:
+    """A free model box; on a shared server a choice among its models, or just the name."""
+    model = spec_of("model")
+    default = default_model_name() or DEFAULT_MODEL
+    if not cfg.shared:
+        st.text_input(
+            model.label, key=K + "model", placeholder=f"default: {default}", help=model.help
+        )
+    elif len(cfg.models) > 1:
+        others = [m for m in cfg.models if m != cfg.default_model]
+        st.selectbox(
+            model.label,
+            ["", *others],
+            key=K + "model",
+            format_func=lambda m: server.model_label(m or default),
+            help="The models this server runs.",
+        )
+    else:
+        st.caption(f"Model: **{server.model_label(default)}** (the one this server runs)")
 
 
 def _param_widget(name: str) -> None:
@@ -129,4 +183,6 @@ def _param_widget(name: str) -> None:
 def _number(name: str, where=st) -> None:
     spec = spec_of(name)
     lo, hi, step = spec.app
+    if name in ("run_n", "max_new_tokens"):
+        hi = server.config().cap_steps(hi)
     where.number_input(spec.label, lo, hi, step=step, key=K + name, help=spec.help)

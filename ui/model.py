@@ -1,18 +1,25 @@
-"""The shared model: loaded once per process and name, read-only, for every session."""
+"""The shared model: loaded once per process and model, read-only, for every session.
+
+Names are normalised first (``semviz.model.model_key``), so ``dir`` and ``dir/`` are one
+cache entry, and a shared server (``ui.server``) refuses a model it does not allow before
+anything is read.
+"""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from semviz.model import LoadedModel, load_model
+from ui.server import check_model
 
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=3)
-def _load(name: str) -> LoadedModel:
+def _load(key: str) -> LoadedModel:
     # Failures raise and are not cached, so a fixed name can be retried.
-    return load_model(name or None)
+    return load_model(key)
 
 
 def get_model(name: str) -> LoadedModel:
-    """The shared ``LoadedModel`` for ``name`` ('' = offline default); ``ModelLoadError`` if not."""
-    return _load(name)
+    """The shared ``LoadedModel`` for ``name`` ('' = the server's default); ``ModelLoadError``
+    if it cannot be loaded or this server does not allow it."""
+    return _load(check_model(name))

@@ -19,7 +19,7 @@ from semviz.style import display_token
 from ui import runner, whatif
 from ui.errors import guard, message
 from ui.model import get_model
-from ui.state import SessionData, Settings, session
+from ui.state import SessionData, Settings, session, url_count
 
 
 @dataclass
@@ -167,22 +167,14 @@ def messages(ctx: PageContext) -> None:
         sess.notice = None
 
 
-def _int_param(name: str) -> int | None:
-    raw = st.query_params.get(name)
-    try:
-        return max(0, int(raw)) if raw is not None else None
-    except ValueError:
-        return None
-
-
 def open_link(ctx: PageContext) -> None:
     """On a session's first run: a link with ``steps`` regenerates that many steps with the
     link's settings (a job, so the page stays usable), then selects the link's ``step``."""
     sess = ctx.sess
     if "url_step" in sess.extra:
         return
-    sess.extra["url_step"] = _int_param("step")
-    want = _int_param("steps")
+    sess.extra["url_step"] = url_count("step", st.query_params.get("step"))
+    want = url_count("steps", st.query_params.get("steps"))
     sess.extra["url_steps"] = want
     if not want or sess.decoder is not None or ctx.lm is None or ctx.params is None:
         return

@@ -19,8 +19,11 @@ the fork; the old branch stays in ``branches(sess)`` and switching back is insta
 eviction policy the fork is re-fed token by token instead (one forward per kept step), since
 the policy's state depends on every step's attention.
 
-Nothing here touches the shared model beyond reading it. A failed build (empty prompt,
-unknown model, prompt too long) raises a user error and leaves the session's current run.
+Nothing here touches the shared model beyond reading it: every session's ``Decoder`` owns
+its cache and seeded generator, so sessions stepping at once never see each other. Model work
+takes its turn in the server's one queue (``server.model_turn``), a token at a time, within
+the server's limits. A failed build (empty prompt, unknown model, prompt too long) raises a
+user error and leaves the session's current run.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from semviz.decoding import Decoder, DecodeSettings, encode_prompt
 from semviz.sampling import PruneParams
 from semviz.style import display_token
 from semviz.trace import Trace
-from ui import kv
+from ui import kv, server
 from ui.errors import message
 from ui.model import get_model
 from ui.state import SessionData, Settings
@@ -145,11 +148,12 @@ def build_decoder(settings: Settings, params: PruneParams | None = None) -> Deco
     """A fresh decoder for ``settings`` (prefill included). Raises user errors."""
     lm = get_model(settings.model_name())
     policy = kv.make_policy(settings.kv_policy, settings.kv_budget)
-    dec_settings = DecodeSettings(
-        seed=int(settings.seed), max_new_tokens=int(settings.max_new_tokens), chat=settings.chat
-    )
+    steps = server.config().cap_steps(settings.max_new_tokens)
+    dec_settings = DecodeSettings(seed=int(settings.seed), max_new_tokens=steps, chat=settings.chat)
+    ids = server.check_prompt(encode_prompt(lm, settings.prompt, settings.chat))
     params = settings.prune_params() if params is None else params
-    return Decoder(lm, settings.prompt, params, dec_settings, eviction=policy)
+    with server.model_turn():
+        return Decoder(lm, settings.prompt, params, dec_settings, eviction=policy, prompt_ids=ids)
 
 
 def prefill_message(settings: Settings) -> str:
@@ -187,8 +191,10 @@ def ensure_decoder(sess: SessionData, settings: Settings) -> Decoder:
         if needs_build(sess, settings):
             forced = _example_tokens(sess, settings)
             dec = build_decoder(settings, _forced_params(sess, forced))  # raises first
-            for t in forced:
-                dec.step(force_token=t)
+            with server.model_turn() as turn:
+                for t in forced:
+                    dec.step(force_token=t)
+                    turn.let_others()
             _set_root(sess, dec, settings.run_key())
         return sess.decoder
 
@@ -200,7 +206,8 @@ def step(sess: SessionData, settings: Settings, n: int = 1) -> int:
     dec = ensure_decoder(sess, settings)
     with exclusive(sess):
         dec.params = settings.prune_params()
-        made = len(dec.run(n))
+        with server.model_turn() as turn:
+            made = len(dec.run(n, on_step=lambda _rec: turn.let_others()))
         sess.selected = None
     return made
 
@@ -226,7 +233,8 @@ def rewind(sess: SessionData, settings: Settings, k: int) -> None:
             cut = Trace(**{**vars(tr), "steps": tr.steps[: int(k)], "stop_reason": None})
             dec.trace = cut
         else:
-            dec.rewind(int(k), settings.prune_params())
+            with server.model_turn():  # with eviction, rewinding re-feeds the kept steps
+                dec.rewind(int(k), settings.prune_params())
         sess.selected = None
         sess.extra.pop("whatif", None)
 
@@ -518,7 +526,20 @@ def tick(
 def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> bool:
     dec = sess.decoder
     t0 = time.perf_counter()
-    params = settings.prune_params()
+    with server.model_turn() as turn:
+        ended = _decode_for(dec, j, settings.prune_params(), t0 + seconds, turn)
+    j.seconds += time.perf_counter() - t0
+    if not ended:
+        return False
+    _stop_job(sess)
+    sess.selected = j.select if j.select is not None and j.select < dec.n_steps else None
+    if dec.done and j.kind not in ("play", "run"):
+        sess.notice = f"{j.label}: done ({dec.n_steps} steps, stopped: {dec.stop_reason})."
+    return True
+
+
+def _decode_for(dec: Any, j: Job, params: PruneParams, until: float, turn: Any) -> bool:
+    """Step ``j`` until the clock reaches ``until`` (False) or the job has ended (True)."""
     while True:
         if j.forced:
             # recorded tokens are re-fed with the settings they were made with; a branch's
@@ -536,17 +557,11 @@ def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> b
         else:
             rec = None
         if rec is None:
-            break
+            return True
         j.made += 1
-        if time.perf_counter() - t0 >= seconds:
-            j.seconds += time.perf_counter() - t0
+        if time.perf_counter() >= until:
             return False
-    j.seconds += time.perf_counter() - t0
-    _stop_job(sess)
-    sess.selected = j.select if j.select is not None and j.select < dec.n_steps else None
-    if dec.done and j.kind not in ("play", "run"):
-        sess.notice = f"{j.label}: done ({dec.n_steps} steps, stopped: {dec.stop_reason})."
-    return True
+        turn.let_others()  # between two tokens: a waiting session goes first
 
 
 # -- what-if ghost text ---------------------------------------------------------------------------
@@ -630,6 +645,11 @@ def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
 def _ghost_steps(g: Ghost, t0: float, seconds: float) -> None:
     if g.decoder is None:
         g.decoder = build_decoder(g.settings, g.base)
+    with server.model_turn() as turn:
+        _ghost_loop(g, t0, seconds, turn)
+
+
+def _ghost_loop(g: Ghost, t0: float, seconds: float, turn: Any) -> None:
     while not g.complete and time.perf_counter() - t0 < seconds:
         if g.forced:
             g.decoder.params = g.base
@@ -640,3 +660,4 @@ def _ghost_steps(g: Ghost, t0: float, seconds: float) -> None:
             g.decoder.params = g.params
             if g.decoder.step() is None:
                 break
+        turn.let_others()

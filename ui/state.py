@@ -18,23 +18,44 @@ state, the last error and cached what-if results. The model itself is shared (se
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
+from semviz.model import model_key
 from semviz.presets import PRESETS
 from semviz.sampling import SPECS, FieldSpec, PruneParams, parse_value, setting
+from ui.server import config, limit_settings
 
 KEY_PREFIX = "s_"
 DEFAULT_PROMPT = "Write one sentence about the sea."
+
+COUNT = FieldSpec("int", lo=0)  # a step index or a number of steps in a link
 
 # the sampling fields the app shows, in PruneParams' order
 PARAM_FIELDS: tuple[str, ...] = tuple(name for name, spec in SPECS.items() if spec.app)
 
 
 def default_model_name() -> str:
-    """The model the app opens with: ``$SEMVIZ_MODEL`` if set, else the offline default."""
-    return os.environ.get("SEMVIZ_MODEL", "").strip()
+    """The model the app opens with: ``$SEMVIZ_MODEL`` if set, else the offline default (or
+    the first allowed model of a shared server, see ``ui.server``)."""
+    return config().default_model
+
+
+def url_count(name: str, raw: Any, notes: list[str] | None = None) -> int | None:
+    """A count from a link (``step``, ``steps``): a whole number, at least 0. None when
+    ``raw`` is None or not a number; a value out of range or unreadable adds one sentence
+    to ``notes``."""
+    if raw is None:
+        return None
+    try:
+        value = parse_value(COUNT, name, raw, clamp=True)
+    except ValueError:
+        value, note = None, f"Ignored {name}={str(raw)[:40]!r}: expected a whole number, 0 or more."
+    else:
+        value, note = value
+    if note is not None and notes is not None:
+        notes.append(note)
+    return value
 
 
 def spec_of(name: str) -> FieldSpec:
@@ -83,7 +104,7 @@ class _RunSettings:
     def run_key(self) -> tuple:
         """What a decoder is built from: changing any of these starts a new run."""
         return (
-            self.model_name(),
+            model_key(self.model_name()),  # "dir" and "dir/" are one model
             self.prompt,
             self.chat,
             int(self.seed),
@@ -120,8 +141,9 @@ class _RunSettings:
 
     # -- query params ------------------------------------------------------------------------
     def to_query_params(self) -> dict[str, str]:
-        """Only the fields that differ from the defaults, as strings (for ``st.query_params``)."""
-        base = type(self)()
+        """Only the fields that differ from the defaults (within this server's limits), as
+        strings (for ``st.query_params``)."""
+        base = limit_settings(type(self)())
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)

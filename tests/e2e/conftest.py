@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,20 +29,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def app_url():
-    """``streamlit run app.py`` on the real default model; yields its URL."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM}")
+@contextlib.contextmanager
+def serve(env: dict[str, str] | None = None, log: str = "server.log") -> Iterator[tuple[str, int]]:
+    """``streamlit run app.py`` on 127.0.0.1 and a free port, with ``env`` over this process's
+    environment (without ``SEMVIZ_MODEL``: the real default model); yields (URL, pid)."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "SEMVIZ_MODEL"}
+    base = {k: v for k, v in os.environ.items() if k != "SEMVIZ_MODEL"}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "server.log", "w")  # noqa: SIM115
+    out = open(ARTIFACTS / log, "w")  # noqa: SIM115
     streamlit = Path(sys.executable).with_name("streamlit")
     proc = subprocess.Popen(
-        [str(streamlit), "run", "app.py", "--server.port", str(port),
-         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [str(streamlit), "run", "app.py", "--server.port", str(port), "--server.address",
+         "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env={**base, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -53,17 +54,26 @@ def app_url():
             except OSError:
                 time.sleep(0.5)
             if proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited early; see {ARTIFACTS / 'server.log'}")
+                raise RuntimeError(f"streamlit exited early; see {ARTIFACTS / log}")
         else:
             raise RuntimeError("streamlit did not become healthy in 90 s")
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
+        out.close()
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """``streamlit run app.py`` on the real default model; yields its URL."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    with serve() as (url, _pid):
+        yield url
 
 
 @pytest.fixture(scope="module")

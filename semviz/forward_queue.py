@@ -1,0 +1,202 @@
+"""One line for the model: turns at it, first come first served, one at a time.
+
+Threads that run model forwards at the same time (the app's sessions on one server) each spin
+up the CPU's whole thread pool, and on a few cores they slow each other down many times over.
+A :class:`ForwardQueue` makes them take turns instead: a turn runs alone with every thread, and
+the others wait in line, in the order they came. Anyone can read how long the line is and
+where an owner stands in it, so a page can show its place.
+
+A turn is re-entrant within a thread, so code that already holds one can call code that takes
+one. Long work (an evaluation over many forwards) keeps its turn but calls
+:meth:`Turn.let_others` between forwards: anyone waiting then goes first, and the work joins
+the back of the line.
+
+Nothing here knows about models or Streamlit; :data:`QUEUE` is the process's one line.
+
+Examples
+--------
+>>> q = ForwardQueue()
+>>> with q.turn("alice") as t:
+...     q.state().running, q.state().waiting
+(True, 0)
+>>> q.place("alice") is None  # not waiting
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["QUEUE", "ForwardQueue", "Place", "QueueState", "Turn"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one waiting turn stands: ``ahead`` turns go before it (the one running
+    included); ``waited`` seconds so far; ``per_turn`` the recent mean length of a turn."""
+
+    ahead: int
+    waited: float
+    per_turn: float
+
+    @property
+    def eta(self) -> float:
+        """Seconds until this turn starts, at the recent pace."""
+        return self.ahead * self.per_turn
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """The line at one moment: a turn running or not, how many wait, how long turns take."""
+
+    running: bool
+    waiting: int
+    per_turn: float
+    served: int
+
+
+class _Ticket:
+    __slots__ = ("owner", "thread", "since")
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.thread = threading.get_ident()
+        self.since = time.monotonic()
+
+
+class Turn:
+    """The turn being held (what ``with queue.turn(...) as turn`` gives)."""
+
+    def __init__(self, queue: ForwardQueue, ticket: _Ticket, on_wait) -> None:
+        self._queue, self._ticket, self._on_wait = queue, ticket, on_wait
+
+    def let_others(self) -> None:
+        """If anyone is waiting, let them go first and wait for the next turn; else go on.
+
+        Call it only between two forwards: the work gives the model up until it returns.
+        """
+        self._queue._let_others(self._ticket, self._on_wait)
+
+
+class ForwardQueue:
+    """Turns at the model in arrival order, one at a time.
+
+    Parameters
+    ----------
+    poll : seconds between two ``on_wait`` calls while a turn waits
+    """
+
+    def __init__(self, poll: float = 0.25) -> None:
+        if not poll > 0:
+            raise ValueError(f"poll must be > 0 seconds, got {poll!r}")
+        self.poll = float(poll)
+        self._cond = threading.Condition()
+        self._line: deque[_Ticket] = deque()
+        self._holder: _Ticket | None = None
+        self._depth = 0  # re-entrant turns of the holder's thread
+        self._started = 0.0
+        self._per_turn = 0.0  # running mean of turn lengths, seconds
+        self._served = 0
+
+    # -- reading ---------------------------------------------------------------------------
+    def state(self) -> QueueState:
+        """How the line stands now."""
+        with self._cond:
+            return QueueState(self._holder is not None, len(self._line), self._per_turn,
+                              self._served)  # fmt: skip
+
+    def place(self, owner: str) -> Place | None:
+        """Where ``owner``'s first waiting turn stands; None when it has none waiting."""
+        with self._cond:
+            for i, t in enumerate(self._line):
+                if t.owner == owner:
+                    return self._place(t, i)
+        return None
+
+    def _place(self, ticket: _Ticket, index: int) -> Place:
+        ahead = index + (1 if self._holder is not None else 0)
+        return Place(ahead, time.monotonic() - ticket.since, self._per_turn)
+
+    # -- taking turns ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def turn(
+        self, owner: str = "", *, on_wait: Callable[[Place], None] | None = None
+    ) -> Iterator[Turn]:
+        """Wait for a turn in line, hold it for the block, then hand it on.
+
+        ``on_wait(place)`` is called every ``poll`` seconds while waiting, outside the lock;
+        an exception it raises leaves the line (the turn is not taken) and propagates. A
+        thread that already holds the turn goes on at once.
+        """
+        with self._cond:
+            holder = self._holder
+            if holder is not None and holder.thread == threading.get_ident():
+                self._depth += 1
+                nested = True
+            else:
+                nested = False
+        if nested:
+            try:
+                yield Turn(self, holder, on_wait)
+            finally:
+                with self._cond:
+                    self._depth -= 1
+            return
+        ticket = _Ticket(owner)
+        self._wait(ticket, on_wait)
+        try:
+            yield Turn(self, ticket, on_wait)
+        finally:
+            self._release(ticket)
+
+    def _wait(self, ticket: _Ticket, on_wait) -> None:
+        """Join the back of the line and return holding the turn."""
+        with self._cond:
+            ticket.since = time.monotonic()
+            self._line.append(ticket)
+        try:
+            while True:
+                with self._cond:
+                    if self._holder is None and self._line[0] is ticket:
+                        self._line.popleft()
+                        self._holder, self._depth = ticket, 0
+                        self._started = time.monotonic()
+                        return
+                    self._cond.wait(self.poll)
+                    if self._holder is None and self._line[0] is ticket:
+                        continue  # our turn: take it without a callback
+                    place = self._place(ticket, self._line.index(ticket))
+                if on_wait is not None:
+                    on_wait(place)
+        except BaseException:
+            with self._cond:
+                if ticket in self._line:
+                    self._line.remove(ticket)
+                self._cond.notify_all()
+            raise
+
+    def _release(self, ticket: _Ticket) -> None:
+        with self._cond:
+            if self._holder is not ticket:
+                return
+            took = time.monotonic() - self._started
+            self._served += 1
+            # a short memory: the pace of the last turns, for the wait estimate
+            self._per_turn = took if self._served == 1 else 0.8 * self._per_turn + 0.2 * took
+            self._holder = None
+            self._cond.notify_all()
+
+    def _let_others(self, ticket: _Ticket, on_wait) -> None:
+        with self._cond:
+            if self._holder is not ticket or not self._line or self._depth:
+                return  # nobody waits, or an outer block of this thread still holds the turn
+        self._release(ticket)
+        self._wait(ticket, on_wait)
+
+
+QUEUE = ForwardQueue()

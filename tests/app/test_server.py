@@ -1,0 +1,359 @@
+"""Shared mode: its configuration, the model allow-list, the limits, upload-only traces, the
+model queue's place on the page, and idle runs dropped."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
+from tests.app.conftest import APP, TIMEOUT, run_steps
+from ui import server, sessions
+from ui.server import ConfigError, ServerConfig, read_config
+
+
+def app_test(monkeypatch, tiny_dir, **env):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return AppTest.from_file(APP, default_timeout=TIMEOUT)
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def test_without_shared_mode_nothing_is_limited(tmp_path):
+    cfg = read_config({}, file=tmp_path / "none.toml")
+    assert cfg == ServerConfig()
+    assert cfg.allows("any/hub-model") and cfg.cap_steps(5000) == 5000
+
+
+def test_shared_mode_defaults_and_one_model(tmp_path):
+    cfg = read_config({"SEMVIZ_SHARED": "1"}, file=tmp_path / "none.toml")
+    assert cfg.shared and cfg.models == (DEFAULT_MODEL,) and cfg.default_model == DEFAULT_MODEL
+    assert (cfg.max_steps, cfg.max_prompt_tokens, cfg.max_upload_mb) == (256, 512, 50)
+    assert (cfg.idle_minutes, cfg.closed_seconds) == (10.0, 30.0)
+    assert cfg.allows("") and cfg.allows("default") and not cfg.allows(str(tmp_path))
+    assert cfg.cap_steps(5000) == 256 and cfg.cap_steps(12) == 12
+
+
+def test_allow_list_spellings_are_one_model(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    env = {"SEMVIZ_SHARED": "on", "SEMVIZ_MODELS": f"{d}/, default", "SEMVIZ_MAX_STEPS": "40"}
+    cfg = read_config(env, file=tmp_path / "none.toml")
+    assert cfg.models == (str(d.resolve()), DEFAULT_MODEL)
+    assert cfg.default_model == str(d.resolve()) and cfg.max_steps == 40
+    for spelling in (str(d), f"{d}/", f"{d}//", f" {d} ", f"{tmp_path}/./m", "", "  "):
+        assert cfg.allows(spelling), spelling
+    assert cfg.allows("SmolLM2-135M-Instruct") and not cfg.allows(str(tmp_path))
+
+
+def test_file_settings_and_variables_over_them(tmp_path):
+    f = tmp_path / "semviz.toml"
+    f.write_text('shared = true\nmax_steps = 100\nmodels = ["default"]\n')
+    assert read_config({}, file=f).max_steps == 100
+    assert read_config({"SEMVIZ_MAX_STEPS": "7"}, file=f).max_steps == 7
+    assert read_config({}, file=f).shared
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SEMVIZ_SHARED": "maybe"}, "SEMVIZ_SHARED='maybe': expected on or off."),
+        ({"SEMVIZ_MAX_STEPS": "abc"}, "SEMVIZ_MAX_STEPS='abc': expected an integer."),
+        ({"SEMVIZ_MAX_STEPS": "0"}, "SEMVIZ_MAX_STEPS='0': must be in [1, 8192]."),
+        ({"SEMVIZ_MAX_STEPS": "1e12"},
+         "SEMVIZ_MAX_STEPS='1e12': expected an integer between -2147483647 and 2147483647."),
+        ({"SEMVIZ_IDLE_MINUTES": "nan"}, "SEMVIZ_IDLE_MINUTES='nan': expected a finite number."),
+        ({"SEMVIZ_IDLE_MINUTES": "0.01"}, "SEMVIZ_IDLE_MINUTES='0.01': must be in [0.1, 1440]."),
+        ({"SEMVIZ_SHARED": "1", "SEMVIZ_MODEL": "/x", "SEMVIZ_MODELS": "default"},
+         "SEMVIZ_MODEL='/x' is not one of the allowed models (SEMVIZ_MODELS)."),
+    ],
+)  # fmt: skip
+def test_a_bad_setting_is_one_sentence_naming_it(tmp_path, env, message):
+    with pytest.raises(ConfigError) as exc:
+        read_config(env, file=tmp_path / "none.toml")
+    assert str(exc.value) == message
+
+
+def test_a_bad_setting_stops_every_page_with_its_sentence(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_PROMPT_TOKENS="lots")
+    at.switch_page("app_pages/distributions.py").run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "This server is not set up right: SEMVIZ_MAX_PROMPT_TOKENS='lots': expected an integer."
+    ]
+    assert not at.get("plotly_chart")
+
+
+def test_model_key_makes_one_name_per_model(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (tmp_path / "link").symlink_to(d)
+    keys = {model_key(s) for s in (str(d), f"{d}/", f"{d}//", f"{tmp_path}/link/")}
+    assert keys == {str(d.resolve())}
+    assert model_key("") == model_key(None) == model_key("default") == DEFAULT_MODEL
+    assert model_key(" owner/name ") == "owner/name"
+    assert model_key("bad\x00name") == "bad\x00name"
+
+
+# -- models ----------------------------------------------------------------------------------------
+
+
+def test_a_trailing_slash_is_the_same_cached_model(monkeypatch, tiny_dir):
+    from ui.model import get_model
+
+    monkeypatch.delenv("SEMVIZ_SHARED", raising=False)
+    assert get_model(str(tiny_dir)) is get_model(f"{tiny_dir}/") is get_model(f" {tiny_dir}// ")
+
+
+def test_shared_mode_refuses_a_model_outside_the_list_before_reading_it(monkeypatch, tiny_dir,
+                                                                         tmp_path):  # fmt: skip
+    from ui.model import get_model
+
+    other = tmp_path / "other"
+    other.mkdir()  # no config.json: reading it would fail with another message
+    monkeypatch.setenv("SEMVIZ_SHARED", "1")
+    monkeypatch.setenv("SEMVIZ_MODELS", str(tiny_dir))
+    monkeypatch.delenv("SEMVIZ_MODEL", raising=False)
+    with pytest.raises(ModelLoadError) as exc:
+        get_model(str(other))
+    assert (
+        str(exc.value) == f"Could not load model '{other}': this server runs only {tiny_dir.name}."
+    )
+    for name in ("default", "HuggingFaceTB/SmolLM2-360M"):
+        with pytest.raises(ModelLoadError, match="this server runs only"):
+            get_model(name)
+    assert get_model("").name == str(tiny_dir.resolve())
+
+
+def test_a_link_cannot_load_a_model_outside_the_list(monkeypatch, tiny_dir, tmp_path):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
+    at.query_params["model"] = str(tmp_path)
+    at.switch_page("app_pages/pipeline.py").run()
+    assert not at.exception and not at.error
+    assert f"Ignored model='{tmp_path}': this server runs only {tiny_dir.name}." in [
+        w.value for w in at.sidebar.warning
+    ]
+    assert at.session_state["settings"].model == ""
+    assert "s_model" not in [w.key for w in at.text_input]  # nothing to type a path into
+    assert f"Model: **{tiny_dir.name}** (the one this server runs)" in [
+        c.value for c in at.sidebar.caption
+    ]
+    assert at.session_state["settings"].model_name() == str(tiny_dir.resolve())
+
+
+def test_shared_mode_offers_only_the_allowed_models(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MODELS=f"{tiny_dir},default")
+    at.run()
+    box = at.selectbox(key="s_model")
+    assert box.options == [tiny_dir.name, DEFAULT_MODEL]
+    assert not [w for w in at.text_input if w.key == "s_model"]
+
+
+# -- limits ----------------------------------------------------------------------------------------
+
+
+def test_runs_stop_at_the_step_limit(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_STEPS="5")
+    at.query_params.update({"run_n": "50", "max_new_tokens": "4000"})
+    at.run()
+    notes = [w.value for w in at.sidebar.warning]
+    assert notes == [
+        "max_new_tokens=4000 is above this server's limit of 5 tokens a run; using 5.",
+        "run_n=50 is above this server's limit of 5 tokens a run; using 5.",
+    ]
+    assert at.number_input(key="s_run_n").max == 5
+    run_steps(at, 5)
+    dec = at.session_state["semviz"].decoder
+    assert dec.n_steps == 5 and dec.done and dec.stop_reason == "max_new_tokens"
+
+
+def test_a_prompt_over_the_token_limit_is_refused(monkeypatch, tiny_dir, tiny_lm):
+    n = len(tiny_lm.tokenizer("word " * 60)["input_ids"])
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_PROMPT_TOKENS="40")
+    at.session_state["s_chat"] = False
+    at.session_state["s_prompt"] = "word " * 60
+    at.run()
+    at.button(key="btn_step").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"Prompt not accepted: The prompt has {n} tokens and this server takes at most 40: "
+        "shorten it."
+    ]
+    assert at.session_state["semviz"].decoder is None
+
+
+# -- traces by upload only ---------------------------------------------------------------------------
+
+
+def test_shared_report_has_no_path_box_and_reads_no_path(monkeypatch, tiny_dir, tmp_path):
+    secret = tmp_path / "trace.json"
+    secret.write_text("{}")
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
+    at.switch_page("app_pages/report.py").run()
+    at.radio(key="report_source").set_value("a saved trace").run()
+    at.session_state["report_path"] = str(secret)  # as if a path had been typed
+    at.run()
+    assert not at.exception and not at.error
+    assert "report_path" not in [w.key for w in at.text_input]
+    assert "This server takes traces by upload only." in [c.value for c in at.caption]
+    assert "loaded" not in at.session_state["semviz"].extra["report"]
+
+
+def test_single_user_report_still_reads_a_path(monkeypatch, tiny_dir, tmp_path):
+    missing = tmp_path / "nope.json"
+    at = app_test(monkeypatch, tiny_dir)
+    monkeypatch.delenv("SEMVIZ_SHARED", raising=False)
+    at.switch_page("app_pages/report.py").run()
+    at.radio(key="report_source").set_value("a saved trace").run()
+    at.text_input(key="report_path").input(str(missing)).run()
+    assert any("Trace not read" in e.value for e in at.error)
+
+
+def test_shared_frontier_page_shows_the_shipped_result_only(monkeypatch, tiny_dir, tmp_path):
+    other = tmp_path / "results.parquet"
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
+    at.switch_page("app_pages/frontier.py").run()
+    at.session_state["fr_source"] = "A results file"  # as if a visitor had asked for a file
+    at.session_state["fr_path"] = str(other)
+    at.run()
+    assert not at.exception and not at.error
+    assert [w.key for w in at.text_input] == []  # no path to read or write, no sweep
+    assert [b.key for b in at.button if b.key] == []
+    assert len(at.get("plotly_chart")) == 1  # the shipped frontier
+    assert any(c.value.startswith("This server shows the shipped result.") for c in at.caption)
+    assert not other.exists()
+
+
+def test_single_user_frontier_page_keeps_the_file_and_the_sweep(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir)
+    monkeypatch.delenv("SEMVIZ_SHARED", raising=False)
+    at.switch_page("app_pages/frontier.py").run()
+    assert not at.exception
+    assert {"fr_out", "fr_a", "fr_b"} <= {w.key for w in at.text_input}
+    assert "fr_run" in [b.key for b in at.button]
+
+
+def test_an_upload_over_the_limit_is_refused_before_parsing(monkeypatch):
+    from semviz.trace import MAX_BYTES, Trace, TraceError
+
+    monkeypatch.setenv("SEMVIZ_SHARED", "1")
+    monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "2")
+    assert server.config().trace_bytes() == 2 * 2**20
+    with pytest.raises(TraceError) as exc:  # not JSON at all: the size is what refuses it
+        Trace.from_json(b"x" * (2 * 2**20 + 1), max_bytes=server.config().trace_bytes())
+    assert str(exc.value) == "the trace is larger than the 2 MiB limit"
+    monkeypatch.delenv("SEMVIZ_SHARED")
+    monkeypatch.delenv("SEMVIZ_MAX_UPLOAD_MB")
+    assert server.config().trace_bytes() == MAX_BYTES  # one person's machine: the trace's own
+
+
+def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
+    f = tmp_path / "semviz.toml"
+    f.write_text("# " + "x" * server.CONFIG_MAX_BYTES + "\nshared = true\n")
+    with pytest.raises(ConfigError) as exc:
+        read_config({}, file=f)
+    assert str(exc.value) == f"{f} is larger than the 65,536 bytes limit for this file."
+
+
+# -- the queue on the page ---------------------------------------------------------------------------
+
+
+def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir):
+    from semviz.forward_queue import QUEUE, Place
+
+    shown: list[int] = []
+    real = server.wait_text
+    monkeypatch.setattr(server, "wait_text", lambda p: (shown.append(p.ahead), real(p))[1])
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
+    at.run()
+    release = threading.Event()
+
+    def hold():
+        with QUEUE.turn("another session"):
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    while not QUEUE.state().running:
+        time.sleep(0.01)
+    threading.Timer(1.5, release.set).start()  # the page waits about 1.5 s in line
+    at.button(key="btn_step").click().run()
+    holder.join(30)
+    assert not at.exception and not at.error
+    assert shown and set(shown) == {1}  # one turn (the other session's) before this one
+    assert not [i for i in at.info if "Waiting for the model" in i.value]  # cleared once served
+    assert at.session_state["semviz"].decoder.n_steps == 1
+    assert real(Place(3, 0.0, 0.5)) == (
+        "Waiting for the model: 3 turns before yours, about 2 s. Other sessions are using it."
+    )
+
+
+def test_shared_sidebar_says_how_busy_the_model_is(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_STEPS="64")
+    at.run()
+    first = at.sidebar.caption[0].value
+    assert (
+        first.startswith("Shared server: ") and "Up to 64 tokens a run, 512 prompt tokens" in first
+    )
+
+
+# -- idle runs ---------------------------------------------------------------------------------------
+
+
+def test_an_idle_session_loses_its_run_but_keeps_its_settings(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_IDLE_MINUTES="1")
+    at.query_params["temperature"] = "0.35"
+    at.run()
+    run_steps(at, 3)
+    sess = at.session_state["semviz"]
+    assert sess.decoder is not None
+    sessions.sweep(now=time.monotonic() + 30)  # not idle long enough yet
+    assert sess.decoder is not None
+    assert sessions.sweep(now=time.monotonic() + 61).idle >= 1
+    assert sess.decoder is None and sess.whatif is None
+    at.run()
+    assert not at.exception
+    assert any("closed after 1 idle minutes" in i.value for i in at.info)
+    assert at.session_state["settings"].temperature == 0.35
+    at.button(key="btn_step").click().run()  # and a new run starts
+    assert at.session_state["semviz"].decoder.n_steps == 1
+
+
+def test_a_session_in_a_model_turn_is_not_dropped(monkeypatch, tiny_dir):
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_IDLE_MINUTES="1")
+    at.run()
+    run_steps(at, 2)
+    sess = at.session_state["semviz"]
+    sid = next(s for s, e in sessions._entries.items() if e.ref() is sess)
+    with sessions.busy(sid):
+        sessions.sweep(now=time.monotonic() + 3600)
+    assert sess.decoder is not None
+    sessions.sweep(now=time.monotonic() + 3600)
+    assert sess.decoder is None
+
+
+def test_dropping_a_run_frees_its_memory(tiny_lm):
+    import gc
+    import weakref
+
+    from semviz import Decoder, DecodeSettings, PruneParams
+    from ui.state import SessionData
+
+    sess = SessionData()
+    sess.decoder = Decoder(tiny_lm, "hello there", PruneParams(), DecodeSettings(max_new_tokens=9))
+    sess.decoder.run(8)
+    cache = sess.decoder.cache
+    ref = weakref.ref(cache)
+    del cache
+    assert sessions.drop_run(sess, "gone")
+    gc.collect()
+    assert ref() is None and sess.notice == "gone" and sess.decoder is None
+    assert not sessions.drop_run(sess, "again")  # nothing left to drop: no second notice

@@ -1,0 +1,320 @@
+"""Shared mode: one server a teacher hands to a class, and the model queue every page shows.
+
+Whoever starts the server decides, through environment variables (or ``.streamlit/semviz.toml``,
+whose keys are the variables' names in lower case without ``SEMVIZ_``; a variable wins):
+
+- ``SEMVIZ_SHARED=1`` turns shared mode on; without it the app keeps a single user's freedom
+  (any model by name, traces read by path, no limits unless a limit below is set).
+- ``SEMVIZ_MODELS``: the models sessions may choose, comma-separated (``default`` is the
+  offline default). Shared mode without it runs one model: ``SEMVIZ_MODEL``, else the default.
+- ``SEMVIZ_MAX_STEPS``: tokens one run may generate; ``SEMVIZ_MAX_PROMPT_TOKENS``: tokens a
+  prompt may have (chat template included); ``SEMVIZ_MAX_UPLOAD_MB``: size of an uploaded trace.
+- ``SEMVIZ_IDLE_MINUTES``: a session that has done nothing for this long loses its run (its
+  settings stay); ``SEMVIZ_CLOSED_SECONDS``: the same for a closed tab (see ``ui.sessions``).
+
+A bad value stops every page with one sentence that names it. Model work from every session
+takes turns through ``semviz.forward_queue.QUEUE``: :func:`model_turn` is what the app wraps
+around it, and shows a waiting session its place in the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from semviz import files
+from semviz.forward_queue import QUEUE, Place
+from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
+from semviz.sampling import FieldSpec, parse_bool, parse_value
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the variables still work
+    tomllib = None
+
+CONFIG_FILE = Path(".streamlit") / "semviz.toml"
+CONFIG_MAX_BYTES = 64 * 1024  # a settings file is a few lines
+SHARED_DEFAULTS = {  # what shared mode uses for a limit that is not set
+    "max_steps": 256,
+    "max_prompt_tokens": 512,
+    "max_upload_mb": 50,
+    "idle_minutes": 10.0,
+    "closed_seconds": 30.0,
+}
+# each limit's type and range, checked by the same parser as every other setting
+LIMITS = {
+    "max_steps": FieldSpec("int", "Tokens one run may generate.", lo=1, hi=8192),
+    "max_prompt_tokens": FieldSpec("int", "Tokens a prompt may have.", lo=32, hi=131072),
+    "max_upload_mb": FieldSpec("int", "Size of an uploaded trace (MiB).", lo=1, hi=1024),
+    "idle_minutes": FieldSpec("float", "Idle time before a run is dropped.", lo=0.1, hi=1440.0),
+    "closed_seconds": FieldSpec("float", "Time a closed tab's run is kept.", lo=1.0, hi=86400.0),
+}
+SHOW_WAIT_AFTER = 0.3  # seconds in line before a page shows its place
+
+
+class ConfigError(ValueError):
+    """A server setting that cannot be used; the message is one sentence naming it."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How this server runs. The defaults are one person's own machine: no limits."""
+
+    shared: bool = False
+    models: tuple[str, ...] = ()  # allowed model keys (shared mode); empty: any model
+    default_model: str = DEFAULT_MODEL  # what an empty model box means
+    max_steps: int | None = None
+    max_prompt_tokens: int | None = None
+    max_upload_mb: int | None = None
+    idle_minutes: float | None = None
+    closed_seconds: float | None = None
+
+    def allows(self, name: str) -> bool:
+        """May a session load the model ``name`` ('' is the server's default)?"""
+        return not self.models or model_key(name.strip() or self.default_model) in self.models
+
+    def refusal(self) -> str:
+        """Why a model is refused: the end of one sentence."""
+        return f"this server runs only {', '.join(map(model_label, self.models))}"
+
+    def cap_steps(self, n: int) -> int:
+        """``n`` tokens a run, or this server's limit if that is lower."""
+        return int(n) if self.max_steps is None else min(int(n), self.max_steps)
+
+    def trace_bytes(self) -> int:
+        """The largest trace this server parses: ``Trace``'s own limit, or the upload limit
+        if that is lower."""
+        from semviz.trace import MAX_BYTES
+
+        if self.max_upload_mb is None:
+            return MAX_BYTES
+        return min(MAX_BYTES, self.max_upload_mb * files.MiB)
+
+
+def model_label(key: str) -> str:
+    """A short name for a model key: a folder's or file's name, else the key."""
+    return Path(key).name if key.startswith("/") else key
+
+
+def _parse(name: str, raw: Any, where: str) -> Any:
+    try:
+        return parse_value(LIMITS[name], where, raw)[0]
+    except ValueError as exc:
+        raise ConfigError(f"{exc}.") from None
+
+
+def _flag(raw: Any, where: str) -> bool:
+    try:
+        return parse_bool(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={raw!r}: {exc}.") from None
+
+
+def _file_values(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    if tomllib is None:
+        raise ConfigError(f"{path} needs Python 3.11 or later; set the SEMVIZ_ variables instead.")
+    try:
+        data = tomllib.loads(files.read_text(path, CONFIG_MAX_BYTES))
+    except files.FileError as exc:
+        raise ConfigError(f"{exc}.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} could not be read: {exc}.") from None
+    if isinstance(data.get("models"), list):
+        data["models"] = ",".join(map(str, data["models"]))
+    return {k: v for k, v in data.items() if not isinstance(v, dict)}
+
+
+def read_config(env: Mapping[str, str] | None = None, file: Path | None = None) -> ServerConfig:
+    """The server's configuration from ``env`` (default ``os.environ``) over ``file``.
+
+    Raises ``ConfigError`` (one sentence naming the setting) for a value it cannot use.
+    """
+    env = os.environ if env is None else env
+    values = {f"SEMVIZ_{k.upper()}": (v, f"{file or CONFIG_FILE}: {k}")
+              for k, v in _file_values(CONFIG_FILE if file is None else file).items()}  # fmt: skip
+    for k, v in env.items():
+        if k.startswith("SEMVIZ_"):
+            values[k] = (v, k)
+
+    def get(name: str) -> tuple[Any, str] | None:
+        got = values.get(f"SEMVIZ_{name.upper()}")
+        return None if got is None or str(got[0]).strip() == "" else got
+
+    shared = _flag(*get("shared")) if get("shared") else False
+    kw: dict[str, Any] = {"shared": shared}
+    for name in LIMITS:
+        got = get(name)
+        if got is not None:
+            kw[name] = _parse(name, *got)
+        elif shared:
+            kw[name] = SHARED_DEFAULTS[name]
+    default = get("model")
+    kw["default_model"] = model_key(default[0]) if default else DEFAULT_MODEL
+    listed = get("models")
+    if listed is not None:
+        keys = tuple(dict.fromkeys(model_key(m) for m in str(listed[0]).split(",") if m.strip()))
+        if default is None:
+            kw["default_model"] = keys[0]
+        elif kw["default_model"] not in keys:
+            raise ConfigError(
+                f"{default[1]}={default[0]!r} is not one of the allowed models ({listed[1]})."
+            )
+        kw["models"] = keys if shared else ()
+    elif shared:
+        kw["models"] = (kw["default_model"],)
+    return ServerConfig(**kw)
+
+
+@lru_cache(maxsize=8)
+def _cached(items: tuple, stamp: float) -> ServerConfig:
+    return read_config(dict(items))
+
+
+def config() -> ServerConfig:
+    """This server's configuration (read again when the variables or the file change)."""
+    items = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("SEMVIZ_")))
+    try:
+        stamp = CONFIG_FILE.stat().st_mtime
+    except OSError:
+        stamp = 0.0
+    return _cached(items, stamp)
+
+
+# -- limits --------------------------------------------------------------------------------------
+
+
+def limit_settings(
+    settings: Any, notes: list[str] | None = None, *, asked: Collection[str] = ()
+) -> Any:
+    """``settings`` (a ``ui.state.Settings``) within this server's limits: a model it does not
+    allow becomes its default, step counts come down to ``max_steps``. Each change to a field
+    named in ``asked`` (what a link set) adds one sentence to ``notes``; the app's own
+    defaults come down silently."""
+    cfg = config()
+    changes: dict[str, Any] = {}
+
+    def say(name: str, text: str) -> None:
+        if notes is not None and name in asked:
+            notes.append(text)
+
+    if settings.model.strip() and not cfg.allows(settings.model):
+        changes["model"] = ""
+        say(
+            "model",
+            f"Ignored model={settings.model.strip()[:80]!r}: {cfg.refusal()}.",
+        )
+    for name in ("max_new_tokens", "run_n"):
+        value = getattr(settings, name)
+        if cfg.cap_steps(value) != value:
+            changes[name] = cfg.cap_steps(value)
+            say(name, f"{name}={value} is above this server's limit of {cfg.max_steps} tokens "
+                f"a run; using {cfg.max_steps}.")  # fmt: skip
+    return dataclasses.replace(settings, **changes) if changes else settings
+
+
+def check_model(name: str) -> str:
+    """The key of the model ``name`` ('' = the server's default); ``ModelLoadError`` if this
+    server does not allow it."""
+    cfg = config()
+    if not cfg.allows(name):
+        raise ModelLoadError(f"Could not load model {name.strip()[:80]!r}: {cfg.refusal()}.")
+    return model_key(name.strip() or cfg.default_model)
+
+
+def check_prompt(ids: list[int]) -> list[int]:
+    """``ids`` if the prompt is within this server's limit; else ``PromptError``."""
+    from semviz.decoding import PromptError
+
+    limit = config().max_prompt_tokens
+    if limit is not None and len(ids) > limit:
+        raise PromptError(
+            f"The prompt has {len(ids):,} tokens and this server takes at most {limit:,}: "
+            "shorten it."
+        )
+    return ids
+
+
+# -- the model queue -------------------------------------------------------------------------------
+
+
+def _owner() -> str:
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else f"thread-{threading.get_ident()}"
+
+
+def wait_text(place: Place) -> str:
+    """What a waiting page says about its place in the line."""
+    n = place.ahead
+    turns = "1 turn" if n == 1 else f"{n} turns"
+    eta = f", about {place.eta:.0f} s" if place.eta >= 1 else ""
+    return f"Waiting for the model: {turns} before yours{eta}. Other sessions are using it."
+
+
+class _Shown:
+    """A turn that clears its waiting note whenever it (again) holds the model."""
+
+    def __init__(self, turn, slot: list) -> None:
+        self._turn, self._slot = turn, slot
+
+    def let_others(self) -> None:
+        self._turn.let_others()
+        if self._slot:
+            self._slot[0].empty()
+
+
+@contextlib.contextmanager
+def model_turn() -> Iterator[_Shown]:
+    """Hold the model's turn for this session's work, waiting in line if others hold it.
+
+    While it waits longer than ``SHOW_WAIT_AFTER`` the page shows its place (where the call
+    is made: at the top of the page from a button's callback, in place inside a fragment).
+    """
+    import streamlit as st
+
+    from ui import sessions
+
+    owner = _owner()
+    slot: list = []
+
+    def on_wait(place: Place) -> None:
+        if place.waited < SHOW_WAIT_AFTER or owner.startswith("thread-"):
+            return
+        if not slot:
+            slot.append(st.empty())
+        slot[0].info(wait_text(place), icon=":material/hourglass_top:")
+
+    with sessions.busy(owner), QUEUE.turn(owner, on_wait=on_wait) as turn:
+        if slot:
+            slot[0].empty()
+        yield _Shown(turn, slot)
+
+
+def queue_caption() -> str:
+    """One line on the server's load: the line at the model and this server's limits."""
+    cfg = config()
+    state = QUEUE.state()
+    busy = (
+        f"{state.waiting} waiting for the model"
+        if state.waiting
+        else "nobody waiting for the model"
+    )
+    pace = f", a turn takes about {1e3 * state.per_turn:.0f} ms" if state.served else ""
+    bits = [f"Shared server: {busy}{pace}."]
+    if cfg.max_steps is not None:
+        bits.append(f"Up to {cfg.max_steps:,} tokens a run")
+    if cfg.max_prompt_tokens is not None:
+        bits.append(f"{cfg.max_prompt_tokens:,} prompt tokens")
+    if cfg.idle_minutes is not None:
+        bits.append(f"an idle run is closed after {cfg.idle_minutes:g} min")
+    return bits[0] + (" " + ", ".join(bits[1:]) + "." if len(bits) > 1 else "")
