@@ -9,7 +9,7 @@ import time
 import pytest
 
 from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
-from tests.app.conftest import APP, TIMEOUT, run_steps
+from tests.app.conftest import APP, GENERATE, TIMEOUT, run_steps
 from ui import server, sessions
 from ui.server import ConfigError, ServerConfig, read_config
 
@@ -151,7 +151,7 @@ def test_a_link_cannot_load_a_model_outside_the_list(monkeypatch, tiny_dir, tmp_
 
 def test_shared_mode_offers_only_the_allowed_models(monkeypatch, tiny_dir):
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MODELS=f"{tiny_dir},default")
-    at.run()
+    at.switch_page(GENERATE).run()
     box = at.selectbox(key="s_model")
     assert box.options == [tiny_dir.name, DEFAULT_MODEL]
     assert not [w for w in at.text_input if w.key == "s_model"]
@@ -180,7 +180,7 @@ def test_a_prompt_over_the_token_limit_is_refused(monkeypatch, tiny_dir, tiny_lm
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_PROMPT_TOKENS="40")
     at.session_state["s_chat"] = False
     at.session_state["s_prompt"] = "word " * 60
-    at.run()
+    at.switch_page(GENERATE).run()
     at.button(key="btn_step").click().run()
     assert not at.exception
     assert [e.value for e in at.error] == [
@@ -273,7 +273,7 @@ def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir):
     real = server.wait_text
     monkeypatch.setattr(server, "wait_text", lambda p: (shown.append(p.ahead), real(p))[1])
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
-    at.run()
+    at.switch_page(GENERATE).run()
     release = threading.Event()
 
     def hold():
@@ -298,7 +298,7 @@ def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir):
 
 def test_shared_sidebar_says_how_busy_the_model_is(monkeypatch, tiny_dir):
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_STEPS="64")
-    at.run()
+    at.switch_page(GENERATE).run()
     first = at.sidebar.caption[0].value
     assert (
         first.startswith("Shared server: ") and "Up to 64 tokens a run, 512 prompt tokens" in first
