@@ -89,7 +89,7 @@ def _load(path: str | None) -> pd.DataFrame | None:
 
 def _controls(df: pd.DataFrame) -> tuple[str, tuple, str] | None:
     knobs = list(dict.fromkeys(df["knob"]))
-    c1, c2, c3 = st.columns([1, 3, 1])
+    c1, c2, c3 = st.columns([1, 2.6, 1.6])  # the axis names are long
     knob = c1.selectbox("Knob", knobs, key="fr_knob")
     labels = list(dict.fromkeys(df.loc[df["knob"] == knob, "setting"]))
     picked = c2.multiselect(

@@ -123,9 +123,9 @@ def _goto(page, slug: str) -> None:
 
 def _make_run(page, url: str, n: int) -> None:
     """A run of ``n`` tokens through the Generate page's Run button."""
-    page.goto(url + "/" + QUERY)
+    page.goto(url + "/generate" + QUERY)
     wait_idle(page)
-    page.locator(".st-key-btn_run button").click()
+    page.locator(".st-key-btn_run button").first.click()
     deadline = time.time() + 600
     while page.locator(".semviz-strip .tok").count() < n:
         assert time.time() < deadline, "the run did not finish"

@@ -95,7 +95,7 @@ def test_cli_prompt_and_trace_routes_write_the_same_report(tiny_dir, tmp_path, c
     assert main(["report", "--prompt", "The sea", "--preset", "story", "--steps", "5",
                  "--out", str(a), *common]) == 0  # fmt: skip
     man = json.loads(capsys.readouterr().out)
-    assert man["steps"] == 5 and man["settings"]["params"]["gravity_lambda"] == 0.2
+    assert man["steps"] == 5 and man["settings"]["params"]["target_entropy"] == 2.5  # the preset
     assert main(["report", "--trace", str(a / "trace.json"), "--out", str(b), *common]) == 0
     capsys.readouterr()
     assert (a / "report.html").read_text() == (b / "report.html").read_text()
