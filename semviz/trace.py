@@ -422,6 +422,9 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
         raise _bad(f"{w}.cand_logits", "holds NaN or +inf")
     if k > 1 and bool((logits[:-1] < logits[1:]).any()):
         raise _bad(f"{w}.cand_logits", "must be sorted descending, as the candidates are")
+    top = float(logits[0])
+    if top > -math.inf and rec.lse < top - 1e-3:  # a logsumexp is at least its largest term
+        raise _bad(f"{w}.lse", f"{rec.lse} is below the top candidate's logit {top:.4g}")
     rank = _int(rec.chosen_rank, f"{w}.chosen_rank", -1, k - 1)
     hit = (ids == rec.token_id).nonzero()
     if (int(hit[0, 0]) if hit.numel() else -1) != rank:

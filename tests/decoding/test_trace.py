@@ -245,3 +245,11 @@ def test_markup_in_a_trace_is_shown_as_text(trace):
     assert list(hover[-1]) == [len(t.steps) - 1, "&lt;b&gt;bold&lt;/b&gt;"]
     shown = escape.markdown(t.model["name"])
     assert shown.startswith(r"\!\[x\]\(http\:\/\/") and "<" not in shown.replace(r"\<", "")
+
+
+def test_an_lse_below_the_top_logit_is_refused(trace):
+    """Found by the fuzz suite: lse -710 made chosen_prob overflow in math.exp."""
+    doc = json.loads(trace.to_json())
+    doc["steps"][1]["lse"] = -710
+    with pytest.raises(TraceError, match=r"^steps\[1\]\.lse: -710(\.0)? is below the top"):
+        Trace.from_json(json.dumps(doc))
