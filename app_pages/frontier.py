@@ -89,13 +89,13 @@ def _load(path: str | None) -> pd.DataFrame | None:
 
 def _controls(df: pd.DataFrame) -> tuple[str, tuple, str] | None:
     knobs = list(dict.fromkeys(df["knob"]))
-    c1, c2, c3 = st.columns([1, 2.6, 1.6])  # the axis names are long
+    c1, c3 = st.columns(2)
     knob = c1.selectbox("Knob", knobs, key="fr_knob")
+    x = c3.selectbox("Diversity axis", list(fr.X_AXES), format_func=fr.X_AXES.get, key="fr_x")
     labels = list(dict.fromkeys(df.loc[df["knob"] == knob, "setting"]))
-    picked = c2.multiselect(
+    picked = st.multiselect(  # a row of its own: the settings' specs are long
         "Settings (the first is A, the reference)", labels, default=labels, key="fr_settings"
     )
-    x = c3.selectbox("Diversity axis", list(fr.X_AXES), format_func=fr.X_AXES.get, key="fr_x")
     if not picked:
         st.info("Pick at least one setting.")
         return None
