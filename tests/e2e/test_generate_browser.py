@@ -225,7 +225,9 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
 
 
 def test_stop_on_a_long_task(browser, app_url):
-    ctx, page = open_page(browser, app_url, "/generate?run_n=400&seed=2")
+    # a continuation without the chat template: the model does not end it within seconds
+    long = "/generate?run_n=400&seed=2&chat=0&prompt=The+history+of+the+lighthouse+keepers"
+    ctx, page = open_page(browser, app_url, long)
     try:
         page.get_by_role("button", name="Run 400", exact=True).click()
         page.wait_for_selector(".st-key-job_stop", timeout=120_000)
