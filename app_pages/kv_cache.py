@@ -144,7 +144,7 @@ def _status(run: KVEval) -> str:
         return f"kv-eval: {run.label()} · {done} of {total} tokens{left}"
     if job.get("stopped") and not run.finished:
         return f"kv-eval stopped after {done} of {total} tokens: the rows score the tokens read."
-    return f"kv-eval done: {total} tokens."
+    return f"kv-eval: done, {total} tokens."
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
