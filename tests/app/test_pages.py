@@ -240,7 +240,7 @@ def test_kv_policy_run_and_kv_eval(app):
         ("full", None), ("window", 8), ("h2o", 8), ("window", 16), ("h2o", 16)
     ]  # fmt: skip
     assert all(r["tokens"] == 31 for r in rows)
-    assert any("kv-eval done: 32 tokens" in p.proto.text for p in app.get("progress"))
+    assert any("kv-eval: done, 32 tokens" in p.proto.text for p in app.get("progress"))
     assert any(c["data"] for c in charts(app).values())
     assert app.dataframe[0].value.shape == (5, 11)
     # a long run stopped from the page keeps its partial rows and says so
