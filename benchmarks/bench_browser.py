@@ -39,14 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PAGES = [
-    ("Generate", "generate"),
-    ("Distributions", "distributions"),
-    ("Thermodynamics", "thermodynamics"),
-    ("Attention & gravity", "attention"),
-    ("KV cache", "kv_cache"),
-    ("Pipeline", "pipeline"),
-]
+from tests.e2e.test_browser import PAGES  # noqa: E402  (the pages the browser tests walk)
 
 # records every change of the app's script state with the page's clock (ms)
 OBSERVE = """() => {
