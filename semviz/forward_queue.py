@@ -26,13 +26,16 @@ True
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["QUEUE", "ForwardQueue", "Place", "QueueState", "Turn"]
+_log = logging.getLogger(__name__)
+
+__all__ = ["QUEUE", "ForwardQueue", "Gather", "Place", "QueueState", "Turn"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,98 @@ class ForwardQueue:
                 return  # nobody waits, or an outer block of this thread still holds the turn
         self._release(ticket)
         self._wait(ticket, on_wait)
+
+
+class _Entry:
+    __slots__ = ("item", "state")
+
+    def __init__(self, item) -> None:
+        self.item = item
+        self.state = "waiting"  # then "running", then "done"
+
+
+class Gather:
+    """Work items from many threads run together, as one batch in one turn at the queue.
+
+    A thread hands in its item with :meth:`submit` and waits. The first thread to find no
+    batch being gathered leads: it takes a turn at the queue, and once it holds the turn runs
+    ``run(items)`` on every item handed in up to then, its own included; the threads that
+    handed those in wake up and go on. Items that arrive while a batch runs make the next
+    one. This is how the sessions of one server share model forwards: while one forward
+    runs, the next sessions' tokens gather, and go as rows of one batch.
+
+    ``run`` must leave every item in a state its owner can go on from whether or not it
+    raises. An ``Exception`` from it is logged, not raised: each owner goes on and does
+    alone what the batch did not do for it, where its own error, if any, is its own.
+
+    Examples
+    --------
+    >>> seen = []
+    >>> g = Gather(ForwardQueue(), seen.append)
+    >>> g.submit("a"); seen, g.batches, g.rows
+    ([['a']], 1, 1)
+    """
+
+    def __init__(self, queue: ForwardQueue, run: Callable[[list], object]) -> None:
+        self.queue, self.run = queue, run
+        self._cond = threading.Condition()
+        self._waiting: list[_Entry] = []
+        self._leading = False
+        self.batches = 0  # batches run so far
+        self.rows = 0  # items they held
+
+    def submit(self, item, owner: str = "", *, on_wait=None) -> None:
+        """Run ``item`` in the next batch; return once that batch has run.
+
+        ``on_wait`` is the queue's (called while the leader waits for its turn). An
+        exception while waiting withdraws the item unless its batch already runs, in which
+        case the batch is waited for first, so the item is never touched after this returns.
+        """
+        entry = _Entry(item)
+        with self._cond:
+            self._waiting.append(entry)
+        try:
+            while True:
+                with self._cond:
+                    if entry.state == "done":
+                        return
+                    lead = not self._leading
+                    if lead:
+                        self._leading = True
+                    else:
+                        self._cond.wait(self.queue.poll)
+                        continue
+                try:
+                    self._lead(owner, on_wait)
+                finally:
+                    with self._cond:
+                        self._leading = False
+                        self._cond.notify_all()
+        except BaseException:
+            with self._cond:
+                if entry.state == "waiting":
+                    self._waiting.remove(entry)
+                while entry.state == "running":
+                    self._cond.wait(self.queue.poll)
+            raise
+
+    def _lead(self, owner: str, on_wait) -> None:
+        with self.queue.turn(owner, on_wait=on_wait):
+            with self._cond:
+                batch, self._waiting = self._waiting, []
+                for e in batch:
+                    e.state = "running"
+            try:
+                self.run([e.item for e in batch])
+            except Exception:
+                _log.exception("a gathered batch of %d failed; its owners go on alone", len(batch))
+            finally:
+                with self._cond:
+                    for e in batch:
+                        e.state = "done"
+                    self.batches += 1
+                    self.rows += len(batch)
+                    self._cond.notify_all()
 
 
 QUEUE = ForwardQueue()

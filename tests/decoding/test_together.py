@@ -1,0 +1,137 @@
+"""Decoders fed as rows of one forward (sessions of one server, Compare's sides) step exactly as
+they do alone: same tokens, logits and attention to float rounding, own caches without padding."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from semviz import Decoder, DecodeSettings, PruneParams
+from semviz.decoding import feed_together, step_together
+from semviz.eviction import make_policy
+from semviz.forward_queue import ForwardQueue, Gather
+
+PROMPTS = ["The sea", "Once upon a time there was a lighthouse keeper who", "Water boils at"]
+
+
+def _decoders(lm, **params) -> list[Decoder]:
+    p = PruneParams(**params)
+    return [
+        Decoder(lm, text, p, DecodeSettings(seed=i, max_new_tokens=64, chat=False, capture=True))
+        for i, text in enumerate(PROMPTS)
+    ]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0.9, "top_k": 40},
+        {
+            "temperature": 0.8,
+            "gravity_lambda": 0.7,
+            "gravity_kind": "pull",
+            "gravity_mass": "attention",
+        },
+    ],  # fmt: skip
+    ids=["plain", "attention-gravity"],
+)
+def test_rows_at_different_positions_step_as_they_do_alone(tiny_lm, params):
+    alone, together = _decoders(tiny_lm, **params), _decoders(tiny_lm, **params)
+    assert len({len(d.ids) for d in together}) == len(PROMPTS)  # padded rows
+    for d in [*alone, *together]:
+        d.step()  # the prefill's logits
+    for _ in range(6):
+        for d in alone:
+            _feed_alone(d)
+        assert feed_together(together) == len(PROMPTS)
+        for a, b in zip(alone, together, strict=True):
+            torch.testing.assert_close(b._pending.logits, a._pending.logits, rtol=0, atol=1e-5)
+            a.step()
+            b.step()
+            ra, rb = a.trace.steps[-1], b.trace.steps[-1]
+            assert rb.token_id == ra.token_id
+            torch.testing.assert_close(
+                rb.attention.float(), ra.attention.float(), atol=1e-3, rtol=0
+            )
+    for a, b in zip(alone, together, strict=True):
+        assert b.ids == a.ids
+        for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+            assert lb.keys.shape == la.keys.shape  # no padding left in a decoder's own cache
+            torch.testing.assert_close(lb.keys, la.keys, rtol=0, atol=1e-5)
+        assert [p.tolist() for p in b.positions] == [p.tolist() for p in a.positions]
+
+
+def _feed_alone(d: Decoder) -> None:
+    """What ``step()`` does first when its token is not fed yet: its own forward."""
+    if d._pending is None:
+        d._pending = d._forward([d.ids[-1]], [len(d.ids) - 1])
+        d._after_forward(d._pending)
+
+
+def test_a_fed_decoder_can_step_alone_rewind_and_fork(tiny_lm):
+    decs = _decoders(tiny_lm, temperature=0.9)
+    ref = _decoders(tiny_lm, temperature=0.9)
+    for _ in range(3):
+        step_together(decs)
+        for d in ref:
+            d.step()
+    decs[0].step()  # alone after a batch
+    ref[0].step()
+    decs[1].rewind(1)
+    ref[1].rewind(1)
+    fork = decs[2].fork()
+    for d in (decs[1], fork):
+        d.step()
+    ref[1].step()
+    assert [d.ids for d in decs[:2]] == [d.ids for d in ref[:2]]
+    assert fork.ids[: len(ref[2].ids)] == ref[2].ids
+
+
+def test_only_decoders_that_can_share_a_forward_are_fed(tiny_lm):
+    decs = _decoders(tiny_lm, temperature=0.9)
+    evicting = Decoder(tiny_lm, "The sea", PruneParams(), eviction=make_policy("h2o", 12))
+    assert feed_together([*decs, evicting]) == 0  # every one still holds its prefill's logits
+    for d in [*decs, evicting]:
+        d.step()
+    decs[0].done = True
+    assert feed_together([*decs, evicting]) == 2  # done and evicting decoders run alone
+    assert decs[0]._pending is None and evicting._pending is None
+    assert decs[1]._pending is not None and decs[2]._pending is not None
+    decs[1].step()
+    assert feed_together([decs[1], evicting]) == 0  # a group of one runs its own forward
+
+
+def test_threads_gathered_into_one_forward_get_their_own_tokens(tiny_lm):
+    """Sessions' threads hand their decoders to one gatherer; the batches it runs are rows."""
+    alone, together = _decoders(tiny_lm, temperature=1.0), _decoders(tiny_lm, temperature=1.0)
+    for d in alone:
+        d.run(8)
+
+    def slow_feed(decoders: list[Decoder]) -> None:
+        time.sleep(0.05)  # a forward of the real model's length: the others arrive meanwhile
+        feed_together(decoders)
+
+    gather = Gather(ForwardQueue(), slow_feed)
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(together))
+
+    def session(d: Decoder) -> None:
+        try:
+            start.wait(10)
+            for _ in range(8):
+                gather.submit(d)
+                d.step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=session, args=(d,)) for d in together]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert [d.ids for d in together] == [d.ids for d in alone]
+    assert gather.rows > gather.batches  # some forwards really were shared
