@@ -24,4 +24,16 @@ if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.
     ).start()
 
 st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", layout="wide")
-st.navigation(nav.st_pages(), expanded=True).run()
+page = st.navigation(nav.st_pages(), expanded=True)
+# A playing job decodes in the background between the page's runs (ui.runner); the page holds
+# the session's lock while it draws so that no step lands in the middle of a drawing. Read here
+# without importing ui.runner, which the front door must not wait for; the lock exists once a
+# job has run (ui.runner.page_lock is the same rule for a fragment's runs).
+sess = st.session_state.get("semviz")
+lock = getattr(sess, "extra", {}).get("_lock")
+held = lock is not None and lock.acquire(timeout=10.0)
+try:
+    page.run()
+finally:
+    if held:
+        lock.release()

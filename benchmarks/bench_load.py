@@ -28,6 +28,7 @@ ratios, measured side by side in one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -107,27 +108,37 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     high; that holds alike for every phase. A run that ends by itself (EOS) is seen by polling
     its Stop button once a second: its time ends there, and it is marked ``ended_early``.
     """
+    from playwright.sync_api import Error as PlaywrightError
+
     from tests.e2e.test_browser import wait_idle
     from tests.e2e.test_sessions import strip_texts
 
     cpu0 = cpu_seconds(pid)
-    # by key: while a script runs, Streamlit's header shows a "Stop" button of its own
-    stops = [p.locator(".st-key-btn_stop button") for p in pages]
+    # by key: while a script runs, Streamlit's header shows a "Stop" button of its own; the
+    # job's Stop is drawn only while the job runs
+    stops = [p.locator(".st-key-job_stop button") for p in pages]
     started = []
     for p in pages:
-        p.locator(".st-key-btn_play button").click()
+        p.get_by_role("button", name="Play", exact=True).click()
         started.append(time.perf_counter())
     ended: list[float | None] = [None] * len(pages)
     while time.perf_counter() < started[0] + seconds:
         time.sleep(1.0)
         for i, stop in enumerate(stops):
-            if ended[i] is None and time.perf_counter() > started[i] + 3 and not stop.is_enabled():
+            if ended[i] is None and time.perf_counter() > started[i] + 3 and not stop.count():
                 ended[i] = time.perf_counter()
     stopped = []
     for i, stop in enumerate(stops):
-        if ended[i] is None and stop.is_enabled():
-            stop.click()
+        if ended[i] is None and stop.count():
+            stop.first.click()
         stopped.append(ended[i] or time.perf_counter())
+    for stop in stops:  # a click that met a fragment's redraw is lost: press it again
+        deadline = time.perf_counter() + 60
+        while stop.count() and time.perf_counter() < deadline:
+            time.sleep(2.0)
+            if stop.count():
+                with contextlib.suppress(PlaywrightError):  # gone between the two looks
+                    stop.first.click(timeout=5_000)
     load = os.getloadavg()[0]
     sessions = []
     for p, t0, t1, e in zip(pages, started, stopped, ended, strict=True):
@@ -205,8 +216,8 @@ def run(args) -> dict:
         rss = RSS(pid)
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            c, p = open_app(browser, url)  # warm-up: load the model once
-            p.locator(".st-key-btn_step button").click()
+            c, p = open_app(browser, url, "generate")  # warm-up: load the model once
+            p.get_by_role("button", name="Step", exact=True).click()
             wait_idle(p)
             c.close()
             time.sleep(CLOSED_SECONDS + 5)

@@ -210,6 +210,10 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
 
     @st.fragment(run_every=TICK_EVERY)
     def _panel() -> None:
+        with runner.page_lock(sess):  # the job's background steps wait while this draws
+            _panel_body()
+
+    def _panel_body() -> None:
         if sess.extra.pop("rerun_app", False) and _in_fragment_run():
             st.rerun()  # a click inside the strip: every view follows the selected step
         if runner.job(sess) is not None:

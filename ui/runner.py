@@ -11,7 +11,12 @@ runs are refused with a message (press Stop first).
 Long work (Run N, Play, Regenerate, a branch, reproducing a linked run, continuing an example)
 is a ``Job``: the page's fragment calls :func:`tick` every half second, each tick decodes for
 about ``TICK_SECONDS`` and hands back to the browser, so the page stays usable and shows the
-progress. Stop ends a job between two steps and keeps what it made.
+progress. Between ticks a background thread of the job goes on decoding, a token at a time
+under the session's lock, while the page is not drawing (``page_lock``): the run's pace is
+then the model's, not that of the page's round trips, and on a shared server every playing
+session has a token waiting whenever a forward starts, so their forwards go as one batch. It
+stops when the job ends or the page stops ticking (a closed tab) for ``ORPHAN_SECONDS``.
+Stop ends a job between two steps and keeps what it made.
 
 Branches: clicking an alternative token (or regenerating from a step) forks the current
 decoder (``Decoder.fork``: the cache tensors are shared, nothing is re-fed) and switches to
@@ -47,6 +52,7 @@ from ui.state import SessionData, Settings
 
 WAIT_SECONDS = 10.0  # how long a click waits for the step in progress before it is refused
 TICK_SECONDS = 0.35  # decode time per job tick; Stop waits at most this long
+ORPHAN_SECONDS = 5.0  # a job's background decoding stops after this long without a tick
 MAX_BRANCHES = 8  # branches kept per run (each holds its own KV cache)
 GHOST_TOKENS = 24  # what-if continuation decoded for the ghost text
 
@@ -206,8 +212,9 @@ def step(sess: SessionData, settings: Settings, n: int = 1) -> int:
     dec = ensure_decoder(sess, settings)
     with exclusive(sess):
         dec.params = settings.prune_params()
-        with server.model_turn() as turn:
-            made = len(dec.run(n, on_step=lambda _rec: turn.let_others()))
+        made = 0
+        while made < n and server.step(dec) is not None:  # shares forwards with other sessions
+            made += 1
         sess.selected = None
     return made
 
@@ -417,6 +424,12 @@ class Job:
     seconds: float = 0.0  # decode time so far, for the estimate
     total: int | None = None
     started: float = field(default_factory=time.perf_counter)
+    # background decoding between ticks: the latest tick's settings and time, its thread,
+    # and the error that ended it (raised by the next tick)
+    settings: Any = None
+    seen: float = 0.0
+    worker: threading.Thread | None = None
+    error: BaseException | None = None
 
     def __post_init__(self) -> None:
         if self.total is None and self.sample is not None:
@@ -500,7 +513,11 @@ def tick(
     j = job(sess)
     if j is None:
         return True
+    j.settings, j.seen = settings, time.monotonic()
     with exclusive(sess):
+        if j.error is not None:  # the background decoding failed: the job ends with it
+            _stop_job(sess)
+            raise j.error
         if j.build:
             wrap = status(prefill_message(settings)) if status else contextlib.nullcontext()
             t0 = time.perf_counter()
@@ -520,14 +537,59 @@ def tick(
                 _set_root(sess, dec, settings.run_key())
                 sess.extra["job"] = j
             seconds = max(0.0, seconds - (time.perf_counter() - t0))  # and the first token
-        return _advance(sess, settings, j, seconds)
+        if _advance(sess, settings, j, seconds):
+            return True
+    if j.worker is None or not j.worker.is_alive():
+        j.worker = threading.Thread(
+            target=_background, args=(sess, j), name="semviz-job", daemon=True
+        )
+        j.worker.start()
+    return False
+
+
+def _background(sess: SessionData, j: Job) -> None:
+    """Decode ``j`` a token at a time while it is the session's job and the page ticks.
+
+    Each token holds the session's lock, which a page holds while it draws
+    (:func:`page_lock`), so a page never sees a step half made; between two tokens the lock
+    is let go, and a click or a page waiting for it goes first.
+    """
+    lk = _lock(sess)
+    dec = sess.decoder
+    while job(sess) is j and time.monotonic() - j.seen < ORPHAN_SECONDS:
+        if not lk.acquire(timeout=0.5):
+            continue
+        try:
+            if job(sess) is not j or sess.decoder is not dec:
+                return
+            if _advance(sess, j.settings, j, 0.0):  # one token
+                return
+        except Exception as exc:  # the next tick ends the job and shows it
+            j.error = exc
+            return
+        finally:
+            lk.release()
+        time.sleep(0.002)  # a thread waiting for the lock gets it now
+
+
+@contextlib.contextmanager
+def page_lock(sess: SessionData, wait: float = WAIT_SECONDS) -> Iterator[None]:
+    """Hold the session's lock while a page draws, so a job's background decoding never
+    changes the run in the middle of a drawing. If a step keeps it longer than ``wait``, the
+    page is drawn anyway."""
+    lk = _lock(sess)
+    held = lk.acquire(timeout=wait)
+    try:
+        yield
+    finally:
+        if held:
+            lk.release()
 
 
 def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> bool:
     dec = sess.decoder
     t0 = time.perf_counter()
-    with server.model_turn() as turn:
-        ended = _decode_for(dec, j, settings.prune_params(), t0 + seconds, turn)
+    ended = _decode_for(dec, j, settings.prune_params(), t0 + seconds)
     j.seconds += time.perf_counter() - t0
     if not ended:
         return False
@@ -538,20 +600,24 @@ def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> b
     return True
 
 
-def _decode_for(dec: Any, j: Job, params: PruneParams, until: float, turn: Any) -> bool:
-    """Step ``j`` until the clock reaches ``until`` (False) or the job has ended (True)."""
+def _decode_for(dec: Any, j: Job, params: PruneParams, until: float) -> bool:
+    """Step ``j`` until the clock reaches ``until`` (False) or the job has ended (True).
+
+    Each token takes its own place in the server's line (``server.step``), so a waiting
+    session goes between two tokens, and sessions stepping at once share forwards.
+    """
     while True:
         if j.forced:
             # recorded tokens are re-fed with the settings they were made with; a branch's
             # new token is taken under the current sliders
             recorded = j.params is not None and j.made < j.recorded
             dec.params = j.params if recorded else params
-            rec = dec.step(force_token=j.forced[0])
+            rec = server.step(dec, force_token=j.forced[0])
             if rec is not None:
                 j.forced.pop(0)
         elif j.sample is None or j.sampled < j.sample:
             dec.params = params
-            rec = dec.step()
+            rec = server.step(dec)
             if rec is not None:
                 j.sampled += 1
         else:
@@ -561,7 +627,6 @@ def _decode_for(dec: Any, j: Job, params: PruneParams, until: float, turn: Any) 
         j.made += 1
         if time.perf_counter() >= until:
             return False
-        turn.let_others()  # between two tokens: a waiting session goes first
 
 
 # -- what-if ghost text ---------------------------------------------------------------------------
@@ -645,19 +710,13 @@ def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
 def _ghost_steps(g: Ghost, t0: float, seconds: float) -> None:
     if g.decoder is None:
         g.decoder = build_decoder(g.settings, g.base)
-    with server.model_turn() as turn:
-        _ghost_loop(g, t0, seconds, turn)
-
-
-def _ghost_loop(g: Ghost, t0: float, seconds: float, turn: Any) -> None:
     while not g.complete and time.perf_counter() - t0 < seconds:
         if g.forced:
             g.decoder.params = g.base
-            if g.decoder.step(force_token=g.forced[0]) is None:
+            if server.step(g.decoder, force_token=g.forced[0]) is None:
                 break
             g.forced.pop(0)
         else:
             g.decoder.params = g.params
-            if g.decoder.step() is None:
+            if server.step(g.decoder) is None:
                 break
-        turn.let_others()

@@ -23,14 +23,14 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from semviz import files
-from semviz.forward_queue import QUEUE, Place
+from semviz.forward_queue import QUEUE, Gather, Place
 from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
 from semviz.sampling import FieldSpec, parse_bool, parse_value
 
@@ -273,18 +273,20 @@ class _Shown:
             self._slot[0].empty()
 
 
-@contextlib.contextmanager
-def model_turn() -> Iterator[_Shown]:
-    """Hold the model's turn for this session's work, waiting in line if others hold it.
+def _feed(decoders: list) -> None:
+    from semviz.decoding import feed_together  # torch: only once a page decodes
 
-    While it waits longer than ``SHOW_WAIT_AFTER`` the page shows its place (where the call
-    is made: at the top of the page from a button's callback, in place inside a fragment).
-    """
+    feed_together(decoders)
+
+
+GATHER = Gather(QUEUE, _feed)  # the sessions' decode steps, fed together
+
+
+def _on_wait(owner: str) -> tuple[Callable[[Place], None], list]:
+    """A waiting callback that shows the page's place in line once it has waited a while,
+    and the slot it draws in (empty until then)."""
     import streamlit as st
 
-    from ui import sessions
-
-    owner = _owner()
     slot: list = []
 
     def on_wait(place: Place) -> None:
@@ -294,10 +296,48 @@ def model_turn() -> Iterator[_Shown]:
             slot.append(st.empty())
         slot[0].info(wait_text(place), icon=":material/hourglass_top:")
 
+    return on_wait, slot
+
+
+@contextlib.contextmanager
+def model_turn() -> Iterator[_Shown]:
+    """Hold the model's turn for this session's work, waiting in line if others hold it.
+
+    While it waits longer than ``SHOW_WAIT_AFTER`` the page shows its place (where the call
+    is made: at the top of the page from a button's callback, in place inside a fragment).
+    """
+    from ui import sessions
+
+    owner = _owner()
+    on_wait, slot = _on_wait(owner)
     with sessions.busy(owner), QUEUE.turn(owner, on_wait=on_wait) as turn:
         if slot:
             slot[0].empty()
         yield _Shown(turn, slot)
+
+
+def step(dec: Any, force_token: int | None = None) -> Any:
+    """One ``dec.step()`` in the model's line, its forward shared with other sessions.
+
+    The decoder's token is handed to the line's gatherer: the sessions that want a token at
+    the same moment are fed as rows of one batched forward (``semviz.decoding.feed_together``),
+    so eight students playing at once cost about one forward each turn, not eight. A decoder
+    that cannot share (eviction, done) takes a turn of its own. Set ``dec.params`` first: the
+    forward reads them (gravity).
+    """
+    from ui import sessions
+
+    if dec.can_share:
+        owner = _owner()
+        on_wait, slot = _on_wait(owner)
+        with sessions.busy(owner):
+            GATHER.submit(dec, owner, on_wait=on_wait)
+        if slot:
+            slot[0].empty()
+    if dec.fed or dec.done:  # the step runs no model: no turn needed
+        return dec.step(force_token=force_token)
+    with model_turn():
+        return dec.step(force_token=force_token)
 
 
 def queue_caption() -> str:
