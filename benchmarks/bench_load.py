@@ -18,7 +18,7 @@ per token. It reads the server's resident memory (model loaded and idle, peaks, 
 closed) and checks every session's tokens against a ``Decoder`` run alone with its settings
 (after the server has stopped): none may differ, else the exit code is 1.
 
-    python benchmarks/bench_load.py [--sessions 8] [--seconds 60] [--threads 1] [--json]
+    python benchmarks/bench_load.py [--sessions 8] [--seconds 60] [--threads 1] [--batch] [--json]
 
 Bounded: at most 16 sessions and 300 seconds a phase, on 127.0.0.1 only. Absolute figures
 depend on the machine's load (chromium shares the cores with the server), so the result is the
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 MAX_SESSIONS, MAX_SECONDS = 16, 300
 CLOSED_SECONDS = 5  # the server drops a closed tab's run this long after it closed
 GENERATED = re.compile(r"(\d+) tokens generated")
+ENDED = re.compile(r"tokens generated · stopped")  # the run ended by itself (EOS, a limit)
 PHASES = ("alone_before", "together", "alone_after")
 # a plain continuation (no chat template): a chat answer ends with EOS after a sentence or two,
 # which would stop a session long before its phase is over
@@ -106,7 +107,7 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
 
     A step under way when Stop is pressed still adds its token, so a session's count can be one
     high; that holds alike for every phase. A run that ends by itself (EOS) is seen by polling
-    its Stop button once a second: its time ends there, and it is marked ``ended_early``.
+    its status line once a second: its time ends there, and it is marked ``ended_early``.
     """
     from playwright.sync_api import Error as PlaywrightError
 
@@ -124,8 +125,8 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     ended: list[float | None] = [None] * len(pages)
     while time.perf_counter() < started[0] + seconds:
         time.sleep(1.0)
-        for i, stop in enumerate(stops):
-            if ended[i] is None and time.perf_counter() > started[i] + 3 and not stop.count():
+        for i, p in enumerate(pages):
+            if ended[i] is None and ENDED.search(p.inner_text("body")):
                 ended[i] = time.perf_counter()
     stopped = []
     for i, stop in enumerate(stops):
@@ -209,9 +210,11 @@ def run(args) -> dict:
     from tests.e2e.test_sessions import query
 
     env = {"SEMVIZ_SHARED": "1", "SEMVIZ_MAX_STEPS": "4096", "OMP_NUM_THREADS": str(args.threads),
-           "SEMVIZ_CLOSED_SECONDS": str(CLOSED_SECONDS)}  # fmt: skip
+           "SEMVIZ_CLOSED_SECONDS": str(CLOSED_SECONDS),
+           "SEMVIZ_BATCH_SESSIONS": "1" if args.batch else "0"}  # fmt: skip
     links = [settings_of(i) for i in range(args.sessions)]
-    res: dict = {"sessions": args.sessions, "seconds": args.seconds, "threads": args.threads}
+    res: dict = {"sessions": args.sessions, "seconds": args.seconds, "threads": args.threads,
+                 "batch_sessions": args.batch}  # fmt: skip
     with serve(env, log="bench_load_server.log") as (url, pid), sync_playwright() as pw:
         rss = RSS(pid)
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
@@ -256,8 +259,9 @@ def report(res: dict) -> None:
                   f"{s['tok_s']:.2f} tok/s{early}; same as a Decoder alone: "
                   f"{s['same_as_decoder']}")  # fmt: skip
     r = res["ratios"]
+    batch = "forwards shared between sessions" if res["batch_sessions"] else "forwards alone"
     print(f"{res['sessions']} sessions together over one alone (mean of before and after), "
-          f"{res['seconds']:.0f} s a phase:")  # fmt: skip
+          f"{res['seconds']:.0f} s a phase, {batch}:")  # fmt: skip
     print(f"  total tok/s                {r['total_tok_s']:.2f}x  (goal: at least 1)")
     print(f"  tok/s of each session      {r['tok_s_per_session']:.2f}x")
     print(f"  server CPU-s per token     {r['server_cpu_s_per_token']:.2f}x")
@@ -275,6 +279,11 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=8, help=f"1 to {MAX_SESSIONS}")
     ap.add_argument("--seconds", type=float, default=60.0, help=f"a phase, 5 to {MAX_SECONDS}")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    ap.add_argument(
+        "--batch",
+        action="store_true",
+        help="the server shares forwards between sessions (SEMVIZ_BATCH_SESSIONS)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not 1 <= args.sessions <= MAX_SESSIONS:

@@ -694,14 +694,14 @@ def feed_together(decoders: Sequence[Decoder]) -> int:
     """Feed every decoder's last token that can share a forward as rows of one batch.
 
     Decoders share a forward when they read with the same model and keep their full cache (no
-    eviction). Each is left with its next step's logits ready (``_pending``), so its
-    ``step()`` runs no model, exactly as after its prefill; the others are left alone and
-    their ``step()`` runs their own forward. Rows at the same position share one cache that
+    eviction); one left without a partner runs its own forward here. Each is left with its
+    next step's logits ready (``_pending``), so its ``step()`` runs no model, exactly as
+    after its prefill; the others (done, evicting, already fed) are left alone. Rows at the same position share one cache that
     later steps reuse; rows at different positions (sessions of one server) are padded into
     one batch, and each row's new entries are appended to its own cache. A row's logits
     equal those of its own forward up to float rounding (``tests/decoding/test_together.py``).
 
-    Returns how many decoders were fed as rows of a batch (0 when none could share).
+    Returns how many decoders were fed.
     """
     groups: dict[int, list[Decoder]] = {}
     for d in decoders:
@@ -709,14 +709,20 @@ def feed_together(decoders: Sequence[Decoder]) -> int:
             groups.setdefault(id(d.lm), []).append(d)
     fed = 0
     for group in groups.values():
-        if len(group) < 2:
-            continue
-        if len({len(d.ids) for d in group}) == 1:
+        if len(group) == 1:
+            _feed_alone(group[0])
+        elif len({len(d.ids) for d in group}) == 1:
             _feed_aligned(group)
         else:
             _feed_padded(group)
         fed += len(group)
     return fed
+
+
+def _feed_alone(d: Decoder) -> None:
+    with d.transaction():
+        d._pending = d._forward([d.ids[-1]], [len(d.ids) - 1])
+        d._after_forward(d._pending)
 
 
 def _feed_aligned(group: list[Decoder]) -> None:

@@ -191,6 +191,13 @@ def open_link(ctx: PageContext) -> None:
 TICK_EVERY = 0.5  # seconds between job ticks; a Stop click waits at most TICK_SECONDS
 
 
+def tick_every() -> float:
+    """Seconds between a job's ticks: ``TICK_EVERY``, and longer while many jobs decode in the
+    background on this server (a class playing at once), since then each page's redraw costs
+    the server's CPU that the model needs; the jobs go on decoding between the ticks."""
+    return TICK_EVERY * max(1.0, runner.background_jobs() / 2)
+
+
 def job_panel(ctx: PageContext, body=None, background=None) -> None:
     """The session's long task: one tick of work per run, its progress, an estimate and Stop.
 
@@ -208,7 +215,7 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
             body()  # no fragment: a click inside the body reruns the whole page
         return
 
-    @st.fragment(run_every=TICK_EVERY)
+    @st.fragment(run_every=tick_every())
     def _panel() -> None:
         with runner.page_lock(sess):  # the job's background steps wait while this draws
             _panel_body()

@@ -26,8 +26,9 @@ the policy's state depends on every step's attention.
 
 Nothing here touches the shared model beyond reading it: every session's ``Decoder`` owns
 its cache and seeded generator, so sessions stepping at once never see each other. Model work
-takes its turn in the server's one queue (``server.model_turn``), a token at a time, within
-the server's limits. A failed build (empty prompt, unknown model, prompt too long) raises a
+takes its turn in the server's one queue (``server.model_turn``; decode steps through
+``server.step``, which can share a forward between sessions), a token at a time, within the
+server's limits. A failed build (empty prompt, unknown model, prompt too long) raises a
 user error and leaves the session's current run.
 """
 
@@ -537,6 +538,8 @@ def tick(
                 _set_root(sess, dec, settings.run_key())
                 sess.extra["job"] = j
             seconds = max(0.0, seconds - (time.perf_counter() - t0))  # and the first token
+        if j.worker is not None and j.worker.is_alive():
+            seconds = 0.0  # the job decodes in the background: a tick only shows it (a token)
         if _advance(sess, settings, j, seconds):
             return True
     if j.worker is None or not j.worker.is_alive():
@@ -545,6 +548,11 @@ def tick(
         )
         j.worker.start()
     return False
+
+
+def background_jobs() -> int:
+    """How many jobs are decoding in the background on this server now."""
+    return sum(t.name == "semviz-job" and t.is_alive() for t in threading.enumerate())
 
 
 def _background(sess: SessionData, j: Job) -> None:

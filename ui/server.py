@@ -11,6 +11,12 @@ whose keys are the variables' names in lower case without ``SEMVIZ_``; a variabl
   prompt may have (chat template included); ``SEMVIZ_MAX_UPLOAD_MB``: size of an uploaded trace.
 - ``SEMVIZ_IDLE_MINUTES``: a session that has done nothing for this long loses its run (its
   settings stay); ``SEMVIZ_CLOSED_SECONDS``: the same for a closed tab (see ``ui.sessions``).
+- ``SEMVIZ_BATCH_SESSIONS=1``: sessions decoding at the same moment share forwards, as rows of
+  one batch (:func:`step`). More tokens a second for a class, but not bit for bit: a row of a
+  batch differs from a lone forward by float rounding (about 3e-5 on SmolLM2's logits, since
+  the CPU's matrix kernels depend on the batch's size), and a sample that falls in the far
+  tail of the distribution can then pick another token than the session would alone. Off by
+  default, so every session's tokens are exactly those of its run alone.
 
 A bad value stops every page with one sentence that names it. Model work from every session
 takes turns through ``semviz.forward_queue.QUEUE``: :func:`model_turn` is what the app wraps
@@ -75,6 +81,7 @@ class ServerConfig:
     max_upload_mb: int | None = None
     idle_minutes: float | None = None
     closed_seconds: float | None = None
+    batch_sessions: bool = False
 
     def allows(self, name: str) -> bool:
         """May a session load the model ``name`` ('' is the server's default)?"""
@@ -151,6 +158,8 @@ def read_config(env: Mapping[str, str] | None = None, file: Path | None = None) 
 
     shared = _flag(*get("shared")) if get("shared") else False
     kw: dict[str, Any] = {"shared": shared}
+    if get("batch_sessions"):
+        kw["batch_sessions"] = _flag(*get("batch_sessions"))
     for name in LIMITS:
         got = get(name)
         if got is not None:
@@ -317,17 +326,18 @@ def model_turn() -> Iterator[_Shown]:
 
 
 def step(dec: Any, force_token: int | None = None) -> Any:
-    """One ``dec.step()`` in the model's line, its forward shared with other sessions.
+    """One ``dec.step()`` in the model's line (its forward shared with other sessions' when
+    ``batch_sessions`` is on).
 
-    The decoder's token is handed to the line's gatherer: the sessions that want a token at
-    the same moment are fed as rows of one batched forward (``semviz.decoding.feed_together``),
-    so eight students playing at once cost about one forward each turn, not eight. A decoder
-    that cannot share (eviction, done) takes a turn of its own. Set ``dec.params`` first: the
-    forward reads them (gravity).
+    With ``batch_sessions`` on, the decoder's token is handed to the line's gatherer: the
+    sessions that want a token at the same moment are fed as rows of one batched forward
+    (``semviz.decoding.feed_together``), so eight students playing at once cost about one
+    forward a turn, not eight. Otherwise, and for a decoder that cannot share (eviction,
+    done), the step takes a turn of its own. Set ``dec.params`` first: the forward reads them.
     """
     from ui import sessions
 
-    if dec.can_share:
+    if dec.can_share and config().batch_sessions:
         owner = _owner()
         on_wait, slot = _on_wait(owner)
         with sessions.busy(owner):

@@ -37,6 +37,7 @@ def run_steps(at, n: int):
             break
         at.run()
     assert not at.session_state["semviz"].playing
+    at.run()  # the job may have ended between two runs (it decodes between them too)
     return at
 
 

@@ -62,10 +62,28 @@ def test_file_settings_and_variables_over_them(tmp_path):
     assert read_config({}, file=f).shared
 
 
+def test_sessions_share_forwards_only_when_the_server_says_so(tmp_path, tiny_lm, monkeypatch):
+    from semviz import Decoder, DecodeSettings, PruneParams
+
+    assert not read_config({"SEMVIZ_SHARED": "1"}, file=tmp_path / "none.toml").batch_sessions
+    assert read_config({"SEMVIZ_BATCH_SESSIONS": "on"}, file=tmp_path / "none.toml").batch_sessions
+    ref = Decoder(tiny_lm, "The sea", PruneParams(), DecodeSettings(seed=3, max_new_tokens=9))
+    ref.run(4)
+    for flag, gathered in (("0", 0), ("1", 3)):
+        monkeypatch.setenv("SEMVIZ_BATCH_SESSIONS", flag)
+        dec = Decoder(tiny_lm, "The sea", PruneParams(), DecodeSettings(seed=3, max_new_tokens=9))
+        before = server.GATHER.rows
+        for _ in range(4):
+            server.step(dec)
+        assert server.GATHER.rows - before == gathered  # the first step reads the prefill's
+        assert dec.trace.token_ids == ref.trace.token_ids
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"SEMVIZ_SHARED": "maybe"}, "SEMVIZ_SHARED='maybe': expected on or off."),
+        ({"SEMVIZ_BATCH_SESSIONS": "2"}, "SEMVIZ_BATCH_SESSIONS='2': expected on or off."),
         ({"SEMVIZ_MAX_STEPS": "abc"}, "SEMVIZ_MAX_STEPS='abc': expected an integer."),
         ({"SEMVIZ_MAX_STEPS": "0"}, "SEMVIZ_MAX_STEPS='0': must be in [1, 8192]."),
         ({"SEMVIZ_MAX_STEPS": "1e12"},

@@ -101,7 +101,8 @@ def test_only_decoders_that_can_share_a_forward_are_fed(tiny_lm):
     assert decs[0]._pending is None and evicting._pending is None
     assert decs[1]._pending is not None and decs[2]._pending is not None
     decs[1].step()
-    assert feed_together([decs[1], evicting]) == 0  # a group of one runs its own forward
+    assert feed_together([decs[1], evicting]) == 1  # one alone runs its own forward
+    assert decs[1].fed and not evicting.fed
 
 
 def test_threads_gathered_into_one_forward_get_their_own_tokens(tiny_lm):
