@@ -538,8 +538,6 @@ def tick(
                 _set_root(sess, dec, settings.run_key())
                 sess.extra["job"] = j
             seconds = max(0.0, seconds - (time.perf_counter() - t0))  # and the first token
-        if j.worker is not None and j.worker.is_alive():
-            seconds = 0.0  # the job decodes in the background: a tick only shows it (a token)
         if _advance(sess, settings, j, seconds):
             return True
     if j.worker is None or not j.worker.is_alive():
