@@ -14,6 +14,7 @@ import threading
 import streamlit as st
 
 from ui import nav
+from ui.locks import page_lock
 
 WARM = "semviz-warm-imports"
 if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.enumerate()):
@@ -25,15 +26,7 @@ if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.
 
 st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", layout="wide")
 page = st.navigation(nav.st_pages(), expanded=True)
-# A playing job decodes in the background between the page's runs (ui.runner); the page holds
-# the session's lock while it draws so that no step lands in the middle of a drawing. Read here
-# without importing ui.runner, which the front door must not wait for; the lock exists once a
-# job has run (ui.runner.page_lock is the same rule for a fragment's runs).
-sess = st.session_state.get("semviz")
-lock = getattr(sess, "extra", {}).get("_lock")
-held = lock is not None and lock.acquire(timeout=10.0)
-try:
+# a job decodes in the background between the page's runs (ui.runner): hold the session's
+# lock while the page draws, so no step lands in the middle of a drawing
+with page_lock(st.session_state.get("semviz")):
     page.run()
-finally:
-    if held:
-        lock.release()

@@ -18,6 +18,7 @@ from semviz.sampling import PruneParams
 from semviz.style import display_token
 from ui import runner, whatif
 from ui.errors import guard, message
+from ui.locks import page_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings, session, url_count
 
@@ -217,7 +218,7 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
 
     @st.fragment(run_every=tick_every())
     def _panel() -> None:
-        with runner.page_lock(sess):  # the job's background steps wait while this draws
+        with page_lock(sess):  # the job's background steps wait while this draws
             _panel_body()
 
     def _panel_body() -> None:

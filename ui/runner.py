@@ -48,10 +48,10 @@ from semviz.style import display_token
 from semviz.trace import Trace
 from ui import kv, server
 from ui.errors import message
+from ui.locks import WAIT_SECONDS, session_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings
 
-WAIT_SECONDS = 10.0  # how long a click waits for the step in progress before it is refused
 TICK_SECONDS = 0.35  # decode time per job tick; Stop waits at most this long
 ORPHAN_SECONDS = 5.0  # a job's background decoding stops after this long without a tick
 MAX_BRANCHES = 8  # branches kept per run (each holds its own KV cache)
@@ -65,17 +65,10 @@ class Busy(RuntimeError):
 # -- the session's lock --------------------------------------------------------------------------
 
 
-def _lock(sess: SessionData) -> threading.RLock:
-    lk = sess.extra.get("_lock")
-    if lk is None:
-        lk = sess.extra.setdefault("_lock", threading.RLock())  # setdefault is atomic
-    return lk
-
-
 @contextlib.contextmanager
 def exclusive(sess: SessionData, wait: float = WAIT_SECONDS) -> Iterator[None]:
     """Hold the session's decoder lock; ``Busy`` if another action keeps it for ``wait`` s."""
-    lk = _lock(sess)
+    lk = session_lock(sess)
     if not lk.acquire(timeout=wait):
         raise Busy("Still working on the previous action: this click was not applied.")
     try:
@@ -560,7 +553,7 @@ def _background(sess: SessionData, j: Job) -> None:
     (:func:`page_lock`), so a page never sees a step half made; between two tokens the lock
     is let go, and a click or a page waiting for it goes first.
     """
-    lk = _lock(sess)
+    lk = session_lock(sess)
     dec = sess.decoder
     while job(sess) is j and time.monotonic() - j.seen < ORPHAN_SECONDS:
         if not lk.acquire(timeout=0.5):
@@ -576,20 +569,6 @@ def _background(sess: SessionData, j: Job) -> None:
         finally:
             lk.release()
         time.sleep(0.002)  # a thread waiting for the lock gets it now
-
-
-@contextlib.contextmanager
-def page_lock(sess: SessionData, wait: float = WAIT_SECONDS) -> Iterator[None]:
-    """Hold the session's lock while a page draws, so a job's background decoding never
-    changes the run in the middle of a drawing. If a step keeps it longer than ``wait``, the
-    page is drawn anyway."""
-    lk = _lock(sess)
-    held = lk.acquire(timeout=wait)
-    try:
-        yield
-    finally:
-        if held:
-            lk.release()
 
 
 def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> bool:
