@@ -12,6 +12,7 @@ import sys
 import threading
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import RerunException
 
 from ui import nav
 from ui.locks import page_lock
@@ -28,5 +29,9 @@ st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", l
 page = st.navigation(nav.st_pages(), expanded=True)
 # a job decodes in the background between the page's runs (ui.runner): hold the session's
 # lock while the page draws, so no step lands in the middle of a drawing
-with page_lock(st.session_state.get("semviz")):
-    page.run()
+try:
+    with page_lock(st.session_state.get("semviz")):
+        page.run()
+except RerunException:  # st.rerun / st.switch_page: another run follows at once, so the
+    nav.keep_link_notes(st.session_state)  # link's notes shown in this one stay for it
+    raise

@@ -15,7 +15,7 @@ import streamlit as st
 
 from semviz.model import DEFAULT_MODEL
 from semviz.presets import PRESETS
-from ui import kv, server, sessions
+from ui import kv, nav, server, sessions
 from ui.state import (
     KEY_PREFIX,
     PARAM_FIELDS,
@@ -30,7 +30,7 @@ K = KEY_PREFIX
 
 
 STORE = "settings"  # the last Settings, kept outside any widget
-NOTES = "settings_notes"  # what reading the link changed, shown once
+NOTES = nav.LINK_NOTES  # what reading the link changed, shown until a run ends
 
 
 def init_state() -> Settings:
@@ -111,7 +111,7 @@ def sidebar() -> Settings:
     sb = st.sidebar
     if cfg.shared:
         sb.caption(server.queue_caption())
-    for note in st.session_state.pop(NOTES, None) or []:
+    for note in nav.take_link_notes(st.session_state):
         sb.warning(note, icon="🔗")
     with sb.expander("Model & prompt", expanded=True):
         _model_widget(cfg)

@@ -22,6 +22,26 @@ HOME = "app_pages/home.py"
 GENERATE = "app_pages/generate.py"
 TOUR = "app_pages/tour_1_baseline.py"
 
+# session_state keys of what reading the opening link changed (clamped or ignored values): the
+# sidebar takes the notes from LINK_NOTES to show them once, keeping them in SHOWN_NOTES; a run
+# that asks for another at once (a linked run that ends, Home handing a link to Generate) puts
+# them back (``keep_link_notes``), so the run the user sees shows them.
+LINK_NOTES = "settings_notes"
+SHOWN_NOTES = "settings_notes_shown"
+
+
+def take_link_notes(state) -> list[str]:
+    """The link's notes to show in this run (then gone, unless ``keep_link_notes``)."""
+    notes = state.pop(LINK_NOTES, None) or []
+    state[SHOWN_NOTES] = notes
+    return notes
+
+
+def keep_link_notes(state) -> None:
+    """This run is cut short by a rerun: the notes it showed are shown again by the next."""
+    if state.get(SHOWN_NOTES):
+        state[LINK_NOTES] = state.pop(SHOWN_NOTES)
+
 PAGES: tuple[PageSpec, ...] = (
     PageSpec(HOME, "Home", ":material/home:", default=True, section="Start"),
     PageSpec(GENERATE, "Generate", ":material/play_arrow:", section="Start"),

@@ -175,6 +175,19 @@ def test_every_key_bad_at_once(tiny_dir, page, shared):
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["single", "shared"])
+@pytest.mark.parametrize("page", PAGES)
+def test_a_link_whose_run_ends_at_once_still_shows_its_notes(tiny_dir, page, shared):
+    """``steps=1`` ends its job in the first run, which then reruns the page (and a link opened
+    at Home is handed to Generate): the notes must survive that rerun, then go."""
+    query = {"model": "-5", "chat": "-5", "steps": "1"}
+    with server_env(tiny_dir, shared):
+        at = open_link(page, query)
+        check(at, page, query, shared=shared)
+        at.run()
+        assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["single", "shared"])
 @settings(
     max_examples=100,
     deadline=None,
