@@ -32,7 +32,7 @@ def _settings():
 
 
 def _store(s) -> None:
-    s.seed_state(st.session_state, overwrite=True)
+    s.impose(st.session_state)
     st.session_state["settings"] = s
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import math
 import os
@@ -49,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from semviz import style
+from semviz import files, style
 from semviz.compare import Side
 from semviz.metrics import REPETITION_N, word_metrics
 
@@ -250,13 +251,18 @@ class SweepResult:
     timings: dict = field(default_factory=dict)  # seconds: generate (sampler within), judge
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    """The rows of a results file (empty frame when it does not exist yet)."""
+MAX_RESULTS_BYTES = 64 * files.MiB  # a full sweep (7 settings × 8 values × 96 rows) is < 1 MiB
+
+
+def load_results(path: str | Path, *, max_bytes: int = MAX_RESULTS_BYTES) -> pd.DataFrame:
+    """The rows of a results file (empty frame when it does not exist yet); a file over
+    ``max_bytes`` is refused before it is read (``files.FileError``)."""
     p = Path(path)
     if not p.exists():
         return pd.DataFrame()
+    data = files.read_bytes(p, max_bytes)
     try:
-        return pd.read_parquet(p)
+        return pd.read_parquet(io.BytesIO(data))
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise ValueError(f"{p.name} is not a readable results file: {exc}") from None
 

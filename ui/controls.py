@@ -17,6 +17,7 @@ from semviz.model import DEFAULT_MODEL
 from semviz.presets import PRESETS
 from ui import kv, nav, server, sessions
 from ui.state import (
+    IMPOSED,
     KEY_PREFIX,
     PARAM_FIELDS,
     Settings,
@@ -30,6 +31,7 @@ K = KEY_PREFIX
 
 
 STORE = "settings"  # the last Settings, kept outside any widget
+SEEDED_ON = "settings_seeded_on"  # the page whose run last wrote the widget keys
 NOTES = nav.LINK_NOTES  # what reading the link changed, shown until a run ends
 
 
@@ -51,7 +53,13 @@ def init_state() -> Settings:
             stored, notes = Settings(), ["The link's settings could not be read; using defaults."]
         state[NOTES] = notes
     current = server.limit_settings(Settings.from_state(_Layered(state, stored)))
-    current.seed_state(state, overwrite=True)
+    # every key is forced after the app chose settings and on a page's first run (the browser
+    # then holds values from before, for widgets Streamlit dropped on the other page); else
+    # only missing and changed keys, so slider moves made while a run draws are not undone
+    page_now = state.get(nav.PAGE_NOW)
+    force = bool(state.pop(IMPOSED, False)) or state.get(SEEDED_ON) != page_now
+    current.seed_state(state, overwrite=force)
+    state[SEEDED_ON] = page_now
     state[STORE] = current
     return current
 
@@ -93,7 +101,7 @@ def apply_preset() -> None:
         return
     current = Settings.from_state(st.session_state)
     s = current.with_params(PRESETS[name].params)
-    s.seed_state(st.session_state, overwrite=True)
+    s.impose(st.session_state)
 
 
 def sidebar() -> Settings:

@@ -29,6 +29,8 @@ TOUR = "app_pages/tour_1_baseline.py"
 LINK_NOTES = "settings_notes"
 SHOWN_NOTES = "settings_notes_shown"
 
+PAGE_NOW = "page_now"  # session_state key: the url path of the page this run draws (app.py)
+
 
 def take_link_notes(state) -> list[str]:
     """The link's notes to show in this run (then gone, unless ``keep_link_notes``)."""
@@ -41,6 +43,7 @@ def keep_link_notes(state) -> None:
     """This run is cut short by a rerun: the notes it showed are shown again by the next."""
     if state.get(SHOWN_NOTES):
         state[LINK_NOTES] = state.pop(SHOWN_NOTES)
+
 
 PAGES: tuple[PageSpec, ...] = (
     PageSpec(HOME, "Home", ":material/home:", default=True, section="Start"),

@@ -41,6 +41,9 @@ def default_model_name() -> str:
     return config().default_model
 
 
+IMPOSED = "settings_imposed"  # session_state flag: the next run forces every widget key
+
+
 def url_count(name: str, raw: Any, notes: list[str] | None = None) -> int | None:
     """A count from a link (``step``, ``steps``): a whole number, at least 0. None when
     ``raw`` is None or not a number; a value out of range or unreadable adds one sentence
@@ -133,11 +136,25 @@ class _RunSettings:
         return cls(**kw)
 
     def seed_state(self, state: Any, *, overwrite: bool = False) -> None:
-        """Write these values into the widget keys (missing keys only unless ``overwrite``)."""
+        """Write these values into the widget keys that are missing or hold another value, or
+        with ``overwrite`` into every key.
+
+        Writing a key makes Streamlit force that value onto the widget in the browser. Done on
+        every run, that undid slider steps the user took while a run was drawing (an arrow key
+        held down lost steps), so ``init_state`` forces every key only where the browser may
+        hold older values: on a page's first run, and after the app chose settings
+        (``impose``)."""
         for f in fields(self):
-            key = KEY_PREFIX + f.name
-            if overwrite or key not in state:
-                state[key] = getattr(self, f.name)
+            key, value = KEY_PREFIX + f.name, getattr(self, f.name)
+            if overwrite or key not in state or state[key] != value:
+                state[key] = value
+
+    def impose(self, state: Any) -> None:
+        """Settings chosen by the app, not by the widgets (an example, the tour, a preset):
+        written into every widget key now, and again by the next run's ``init_state``, since a
+        page switch can follow at once and the browser then sends its widgets' older values."""
+        self.seed_state(state, overwrite=True)
+        state[IMPOSED] = True
 
     # -- query params ------------------------------------------------------------------------
     def to_query_params(self) -> dict[str, str]:

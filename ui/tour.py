@@ -37,7 +37,7 @@ def apply(params: PruneParams, *, label: str, key: str) -> None:
     def _apply() -> None:
         current = Settings.from_state(st.session_state)
         s = dataclasses.replace(current.with_params(params), preset="custom")
-        s.seed_state(st.session_state, overwrite=True)
+        s.impose(st.session_state)
         st.session_state["settings"] = s
 
     st.button(label, key=key, on_click=_apply, help="Sets the sidebar's sliders; nothing runs yet.")

@@ -40,6 +40,60 @@ def test_prune_params_maps_every_field():
     assert Settings().with_params(p).prune_params() == p
 
 
+class _Writes(dict):
+    """A session_state stand-in that records which keys were assigned."""
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        self.written: list[str] = []
+
+    def __setitem__(self, key, value) -> None:
+        self.written.append(key)
+        super().__setitem__(key, value)
+
+
+def test_seeding_the_widgets_writes_only_missing_or_changed_keys():
+    """Writing a widget's key makes Streamlit force that value onto the browser's widget, which
+    undid slider steps the user took while a run was drawing (arrow keys held down lost steps):
+    a key that already holds its value is written only after the app imposed settings."""
+    from ui.controls import init_state
+    from ui.state import IMPOSED
+
+    s = Settings(temperature=0.55)
+    state = _Writes({"s_" + f.name: getattr(s, f.name) for f in dataclasses.fields(Settings)})
+    del state["s_top_k"]  # a widget Streamlit dropped (not drawn on the last page)
+    state["s_top_p"] = 0.5  # a value the stored settings change (a preset, a clamp)
+    state.written.clear()
+    s.seed_state(state)
+    assert state.written == ["s_top_k", "s_top_p"]
+    assert state["s_top_k"] == s.top_k and state["s_top_p"] == s.top_p
+    state.written.clear()
+    s.seed_state(state, overwrite=True)
+    assert len(state.written) == len(dataclasses.fields(Settings))
+
+    imposed = _Writes()
+    Settings(top_k=7).impose(imposed)  # e.g. Home opening an example, then Generate's run:
+    assert imposed[IMPOSED] is True
+    imposed["settings"] = Settings(top_k=7)
+    imposed.written.clear()
+    with_streamlit_state(imposed, init_state)
+    widget_keys = [k for k in imposed.written if k.startswith("s_")]
+    assert len(widget_keys) == len(dataclasses.fields(Settings)) and IMPOSED not in imposed
+    imposed.written.clear()
+    with_streamlit_state(imposed, init_state)  # the run after: nothing to force
+    assert [k for k in imposed.written if k.startswith("s_")] == []
+
+
+def with_streamlit_state(state, fn):
+    """Run ``fn`` with ``st.session_state`` replaced by ``state``."""
+    from unittest import mock
+
+    import ui.controls
+
+    with mock.patch.object(ui.controls.st, "session_state", state):
+        return fn()
+
+
 def test_query_params_round_trip_and_bad_values_are_noted():
     s = Settings(temperature=0.35, top_k=17, free_energy=True, prompt="A harbour", seed=7)
     assert Settings.from_query_params(s.to_query_params()) == s

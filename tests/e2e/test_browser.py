@@ -44,10 +44,12 @@ def wait_idle(page, timeout: float = 180.0) -> None:
 
 def wait_url(page, ok, timeout: float = 120.0) -> None:
     """Poll the address (the app rewrites its query string without a navigation)."""
+    # read from the page: ``page.url`` is only updated while playwright handles events, which
+    # a sleeping poll does not let it do, so it can keep a superseded address
     deadline = time.time() + timeout
-    while not ok(page.url):
-        assert time.time() < deadline, f"the link did not follow the slider: {page.url}"
-        time.sleep(0.2)
+    while not ok(url := page.evaluate("location.href")):
+        assert time.time() < deadline, f"the link did not follow the slider: {url}"
+        page.wait_for_timeout(200)
 
 
 def no_traceback(page) -> None:
@@ -94,11 +96,6 @@ def wait_ready(page, n: int, timeout: float = 600.0) -> None:
     raise TimeoutError(f"{n} tokens not generated in time: {page.inner_text('body')[:500]}")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="after the KV page's kv-eval moved into ticks, this walk fails an assertion on a "
-    "page after Attention; not yet diagnosed",
-)
 def test_pages_step_slider_screenshots(browser, app_url):
     ctx, page = open_app(browser, app_url, "?run_n=11")
     try:

@@ -237,7 +237,8 @@ def test_click_on_a_step_axis_point_selects_that_step(run_page):
     point = chart.locator(".scatterlayer .trace").first.locator("path.point").nth(5)
     point.click(force=True)
     wait_idle(page)
-    assert re.search(r"[?&]step=5(&|$)", page.url), page.url
+    url = page.evaluate("location.href")
+    assert re.search(r"[?&]step=5(&|$)", url), url
     _goto(page, "distributions")
     assert page.get_by_role("heading", name=re.compile(r"^Step 5:")).count() == 1
 

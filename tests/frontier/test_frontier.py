@@ -228,3 +228,19 @@ def test_frontier_has_help_with_json(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "python -m semviz frontier" in out and "--json" in out and "--summary" in out
+
+
+def test_a_results_file_over_its_limit_is_refused_before_it_is_read(tmp_path):
+    import pandas as pd
+
+    from semviz.files import FileError
+
+    out = tmp_path / "r.parquet"
+    pd.DataFrame({"value": [0.5] * 100}).to_parquet(out)
+    size = out.stat().st_size
+    assert len(load_results(out, max_bytes=size)) == 100
+    with pytest.raises(FileError, match=r"r\.parquet is larger than the .* limit for this file"):
+        load_results(out, max_bytes=size - 1)
+    out.write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="r.parquet is not a readable results file"):
+        load_results(out)
