@@ -27,7 +27,7 @@ if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.
 
 st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", layout="wide")
 page = st.navigation(nav.st_pages(), expanded=True)
-st.session_state[nav.PAGE_NOW] = page.url_path
+nav.start_run(st.session_state, page.url_path)
 # a job decodes in the background between the page's runs (ui.runner): hold the session's
 # lock while the page draws, so no step lands in the middle of a drawing
 try:

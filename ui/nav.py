@@ -1,7 +1,8 @@
 """The page list. Adding a page: write ``app_pages/<name>.py`` and add one ``PageSpec`` here.
 
 Pages are grouped into sections in the sidebar (``section``); the first page, Home, is the
-front door the root URL opens.
+front door the root URL opens. Also here: the few session keys that ``app.py`` itself keeps
+per run (it imports nothing heavy).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ TOUR = "app_pages/tour_1_baseline.py"
 LINK_NOTES = "settings_notes"
 SHOWN_NOTES = "settings_notes_shown"
 
-PAGE_NOW = "page_now"  # session_state key: the url path of the page this run draws (app.py)
+PAGE_NOW = "page_now"  # session_state key: the url path of the page this run draws
+
+
+def start_run(state, page_path: str) -> None:
+    """What app.py records at the start of every full run: the page it draws, and no notes
+    shown yet (so a rerun before the sidebar is drawn brings back no older notes)."""
+    state[PAGE_NOW] = page_path
+    state[SHOWN_NOTES] = []
 
 
 def take_link_notes(state) -> list[str]:

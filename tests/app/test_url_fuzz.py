@@ -187,6 +187,20 @@ def test_a_link_whose_run_ends_at_once_still_shows_its_notes(tiny_dir, page, sha
         assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
 
 
+def test_link_notes_come_back_only_for_the_run_that_showed_them():
+    state = {nav.LINK_NOTES: ["Ignored chat='-5': expected on or off."]}
+    nav.start_run(state, "generate")
+    assert nav.take_link_notes(state) == ["Ignored chat='-5': expected on or off."]
+    nav.keep_link_notes(state)  # that run ended in st.rerun: the next one shows them again
+    nav.start_run(state, "generate")
+    assert nav.take_link_notes(state) == ["Ignored chat='-5': expected on or off."]
+    # that run finished; a later one reruns before drawing a sidebar (a button on Home)
+    nav.start_run(state, "")
+    nav.keep_link_notes(state)
+    nav.start_run(state, "generate")
+    assert nav.take_link_notes(state) == []
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["single", "shared"])
 @settings(
     max_examples=100,
