@@ -12,9 +12,10 @@ Long work (Run N, Play, Regenerate, a branch, reproducing a linked run, continui
 is a ``Job``: the page's fragment calls :func:`tick` every half second, each tick decodes for
 about ``TICK_SECONDS`` and hands back to the browser, so the page stays usable and shows the
 progress. Between ticks a background thread of the job goes on decoding, a token at a time
-under the session's lock, while the page is not drawing (``page_lock``): the run's pace is
-then the model's, not that of the page's round trips, and on a shared server every playing
-session has a token waiting whenever a forward starts, so their forwards go as one batch. It
+under the session's lock, while the page is not drawing (``ui.locks.page_lock``): the run's
+pace is then the model's, not that of the page's round trips (and where the server shares
+forwards, ``SEMVIZ_BATCH_SESSIONS=1``, every playing session has a token waiting whenever a
+forward starts, so their forwards go as one batch). It
 stops when the job ends or the page stops ticking (a closed tab) for ``ORPHAN_SECONDS``.
 Stop ends a job between two steps and keeps what it made.
 
@@ -550,7 +551,7 @@ def _background(sess: SessionData, j: Job) -> None:
     """Decode ``j`` a token at a time while it is the session's job and the page ticks.
 
     Each token holds the session's lock, which a page holds while it draws
-    (:func:`page_lock`), so a page never sees a step half made; between two tokens the lock
+    (``ui.locks.page_lock``), so a page never sees a step half made; between two tokens the lock
     is let go, and a click or a page waiting for it goes first.
     """
     lk = session_lock(sess)
