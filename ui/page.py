@@ -16,7 +16,7 @@ import streamlit as st
 from semviz import escape
 from semviz.sampling import PruneParams
 from semviz.style import display_token
-from ui import runner, whatif
+from ui import nav, runner, whatif
 from ui.errors import guard, message
 from ui.locks import page_lock
 from ui.model import get_model
@@ -146,6 +146,8 @@ def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
         params = settings.prune_params()
     ctx = PageContext(settings=settings, sess=sess, lm=lm, params=params, wi=None)
     open_link(ctx)
+    if runner.job(sess) is not None:  # e.g. the linked run: the full run at its end shows
+        nav.keep_link_notes(st.session_state)  # the link's notes again (taken by the sidebar)
     messages(ctx)
     if header:
         job_panel(ctx)

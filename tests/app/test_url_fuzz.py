@@ -187,6 +187,23 @@ def test_a_link_whose_run_ends_at_once_still_shows_its_notes(tiny_dir, page, sha
         assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
 
 
+def test_a_linked_run_keeps_its_notes_on_screen_until_it_has_ended(tiny_dir):
+    """A link whose run takes several ticks: its notes stay while the run is reproduced and
+    in the run that shows it ended, and go with the run after that."""
+    query = {"chat": "-5", "steps": "400", "max_new_tokens": "512"}
+    with server_env(tiny_dir, shared=False):
+        at = open_link(nav.GENERATE, query)
+        runs_while_playing = 0
+        while at.session_state["semviz"].playing:
+            assert "chat=" in " ".join(w.value for w in at.sidebar.warning)
+            runs_while_playing += 1
+            at.run()
+        assert runs_while_playing >= 1, "the linked run ended in one tick: make it longer"
+        assert "chat=" in " ".join(w.value for w in at.sidebar.warning)
+        at.run()
+        assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
+
+
 def test_link_notes_come_back_only_for_the_run_that_showed_them():
     state = {nav.LINK_NOTES: ["Ignored chat='-5': expected on or off."]}
     nav.start_run(state, "generate")
