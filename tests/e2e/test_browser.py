@@ -101,6 +101,9 @@ def test_pages_step_slider_screenshots(browser, app_url):
     try:
         no_traceback(page)
         click(page, "Step")
+        # the first Step builds the decoder as a task whose ticks can be more than the idle
+        # wait apart on a loaded machine: wait for the header to say it is done
+        wait_ready(page, 1)
         assert len(tokens(page)) == 1, "Step produced no token"
         page.get_by_role("button", name="Run 11", exact=True).click()
         wait_ready(page, 12)
