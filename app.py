@@ -7,6 +7,7 @@ page starts with ``ui.page.context(...)``, which draws the shared sidebar (kept 
 Set ``SEMVIZ_MODEL`` to a model folder to open with another default model.
 """
 
+import gc
 import importlib
 import sys
 import threading
@@ -18,12 +19,28 @@ from ui import nav
 from ui.locks import page_lock
 
 WARM = "semviz-warm-imports"
+# what every page but Home needs: torch and transformers (ui.runner), plotly (semviz.charts)
+HEAVY = ("ui.runner", "semviz.charts", "ui.views")
+
+
+def _warm_imports() -> None:
+    """Import the heavy modules once per process, then move every object alive now (about
+    450,000: the modules' functions, classes and constants) out of the cyclic garbage
+    collector's reach with ``gc.freeze``.
+
+    Streamlit runs a full collection after every script run, fragment ticks included; over
+    these objects one took 0.2-0.3 s with the GIL held, stalling every session's decoding
+    each time. Frozen objects are still freed by reference counting; the models are loaded
+    later, so they stay collectable (``benchmarks/bench_load.py`` measures the difference)."""
+    for name in HEAVY:
+        importlib.import_module(name)
+    gc.freeze()
+
+
 if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.enumerate()):
     # an import in another thread holds the module's import lock: a page that needs it
     # meanwhile waits for this import instead of starting a second one
-    threading.Thread(
-        target=importlib.import_module, args=("ui.runner",), name=WARM, daemon=True
-    ).start()
+    threading.Thread(target=_warm_imports, name=WARM, daemon=True).start()
 
 st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", layout="wide")
 page = st.navigation(nav.st_pages(), expanded=True)

@@ -110,6 +110,19 @@ def test_a_bad_setting_stops_every_page_with_its_sentence(monkeypatch, tiny_dir)
     assert not at.get("plotly_chart")
 
 
+def test_the_server_skips_a_full_garbage_collection_after_every_run():
+    """Streamlit's default collects all garbage after every script run and fragment tick;
+    with torch and the model loaded that held the GIL for 40-300 ms each time and halved the
+    tokens/s of a class playing at once (``benchmarks/bench_load.py``). Dropped runs are
+    collected by ``ui.sessions.release_memory`` instead."""
+    from pathlib import Path
+
+    import tomllib
+
+    cfg = tomllib.loads((Path(APP).parent / ".streamlit/config.toml").read_text())
+    assert cfg["runner"]["postScriptGC"] is False
+
+
 def test_model_key_makes_one_name_per_model(tmp_path):
     d = tmp_path / "model"
     d.mkdir()
