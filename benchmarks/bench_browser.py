@@ -82,19 +82,27 @@ def now(page) -> float:
     return page.evaluate("performance.now()")
 
 
-def settle(page, t0: float, timeout: float = 600.0) -> float:
+def settle(page, t0: float, timeout: float = 120.0) -> float:
     """Milliseconds from ``t0`` (page clock) to the end of the first script run that started
     after it: the moment the page is drawn again and usable."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         states = page.evaluate("window.__semvizStates || []")
-        ran = [t for t, s in states if t >= t0 and s == "running"]
+        before = [s for t, s in states if t < t0]
+        # a click that lands while a run is under way (a fragment's tick) makes Streamlit
+        # start the new run in its place, with no "notRunning" between the two
+        ran = [t0] if before and before[-1] == "running" else []
+        ran += [t for t, s in states if t >= t0 and s == "running"]
         if ran:
             idle = [t for t, s in states if t > ran[0] and s == "notRunning"]
             if idle:
                 return idle[0] - t0
         time.sleep(0.02)
-    raise TimeoutError("the page did not settle")
+    states = page.evaluate("(window.__semvizStates || []).slice(-4)")
+    raise TimeoutError(
+        f"the page did not settle in {timeout:.0f} s: {page.evaluate('location.href')}, "
+        f"clicked at {t0:.0f} ms, last script states {states}"
+    )
 
 
 def quiet(page, idle_ms: float = 1500.0, timeout: float = 1800.0) -> None:

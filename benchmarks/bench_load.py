@@ -11,14 +11,15 @@ real default model, and drives headless chromium:
 4. **closed**: every tab is closed and the server's resident memory is read again once the app
    has dropped the closed sessions' runs (``SEMVIZ_CLOSED_SECONDS``, here 5 s).
 
-Prints, for each phase, tokens/s (per session and in total), the server's CPU seconds per token
-and the 1-minute load average; then the ratios of the together phase to one session alone:
-total tokens/s (the goal is a ratio of at least 1), tokens/s per session, and server CPU seconds
-per token. It reads the server's resident memory (model loaded and idle, peaks, after the tabs
+Prints, for each phase, tokens/s (per session and in total), the server's and the browsers'
+CPU seconds per token, the cores each used on average and the 1-minute load average; then the
+ratios of the together phase to one session alone: total tokens/s (the goal is a ratio of at
+least 1), tokens/s per session, and server CPU seconds per token. It reads the server's resident memory (model loaded and idle, peaks, after the tabs
 closed) and checks every session's tokens against a ``Decoder`` run alone with its settings
 (after the server has stopped): none may differ, else the exit code is 1.
 
-    python benchmarks/bench_load.py [--sessions 8] [--seconds 60] [--threads 1] [--batch] [--json]
+    python benchmarks/bench_load.py [--sessions 8] [--seconds 60] [--threads 1] [--batch]
+                                    [--browser-nice 0] [--json]
 
 Bounded: at most 16 sessions and 300 seconds a phase, on 127.0.0.1 only. Absolute figures
 depend on the machine's load (chromium shares the cores with the server), so the result is the
