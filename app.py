@@ -25,13 +25,15 @@ HEAVY = ("ui.runner", "semviz.charts", "ui.views")
 
 def _warm_imports() -> None:
     """Import the heavy modules once per process, then move every object alive now (about
-    450,000: the modules' functions, classes and constants) out of the cyclic garbage
-    collector's reach with ``gc.freeze``.
+    400,000, nearly all the modules' functions, classes and constants) out of the cyclic
+    garbage collector's reach with ``gc.freeze``.
 
-    Streamlit runs a full collection after every script run, fragment ticks included; over
-    these objects one took 0.2-0.3 s with the GIL held, stalling every session's decoding
-    each time. Frozen objects are still freed by reference counting; the models are loaded
-    later, so they stay collectable (``benchmarks/bench_load.py`` measures the difference)."""
+    A full collection over these objects took about 0.2 s with the GIL held, stalling every
+    session's decoding; Streamlit's collection after every run is off (``.streamlit/
+    config.toml``), and Python's own full collections now skip them. Frozen objects are still
+    freed by reference counting, only never as part of a cycle; the models load later, so a
+    model dropped from the cache stays collectable. ``benchmarks/bench_gc.py`` times one
+    collection both ways, ``benchmarks/bench_load.py`` the throughput of a class."""
     for name in HEAVY:
         importlib.import_module(name)
     gc.freeze()
