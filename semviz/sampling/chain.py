@@ -421,6 +421,7 @@ def _head_pass(
     bounded = head.numel() >= w.n_alive  # True once every token outside the head is out
     n_cur = w.n_alive
     stages: list[Stage] = []
+    unknown = False  # a filter kept the whole head while tokens outside it were alive
     p_in = float(w.p_block.sum())  # mass of the kept set under p_block, while all alive
     for f in active:
         if seq and bounded and n_cur < w.n_alive:  # the input: block masked by the kept set
@@ -440,9 +441,15 @@ def _head_pass(
         after = in_h & keep
         if not bounded:
             if bool(after[in_h].all()):
-                # nothing in the head removed, so nothing outside is either
+                # the whole head kept: what this filter did outside it is not known yet
+                unknown = True
                 stages.append(Stage(f.name, n_cur, 0.0))
                 continue
+            if unknown:
+                # a later filter cuts the head, so the kept set is right, but an earlier
+                # filter that kept the whole head may have removed tokens outside it (a
+                # min-p threshold under the head's last value): its count needs a longer head
+                return None
             bounded = True
         n_after = int(after.sum())
         need = min(m, n_cur)

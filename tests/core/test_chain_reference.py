@@ -53,6 +53,18 @@ def test_both_paths_equal_reference_on_small_sets(x, p, with_gravity, kind):
         check(x, p, g, mu=4.0)
 
 
+def test_a_filter_that_keeps_the_whole_head_is_counted_outside_it():
+    """Found by hypothesis: min-p kept both tokens of a 2-token head, and epsilon then cut the
+    head, so the head path took the head as enough and reported min-p as keeping all 12
+    tokens; at T 0.3 its threshold removes the ten zeros outside the head."""
+    x = torch.tensor([0.0] * 10 + [1.0, 1.0])
+    p = PruneParams(temperature=0.3, min_p=0.1, epsilon=0.9, combine="intersection",
+                    tie_rule="stable")  # fmt: skip
+    with path("head"):
+        r = check(x, p, mu=4.0)
+    assert [(s.name, s.n_kept) for s in r.waterfall] == [("min_p", 2), ("epsilon", 1)]
+
+
 def _big_rows(seed: int, n: int):
     g = torch.Generator().manual_seed(seed)
     for kind in range(4):
