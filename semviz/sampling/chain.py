@@ -441,9 +441,9 @@ def _head_pass(
         after = in_h & keep
         if not bounded:
             if bool(after[in_h].all()):
-                # the whole head kept: what this filter did outside it is not known yet
+                # the whole head kept: what this filter did outside it is not known yet, so
+                # this head cannot give its count (a later cut returns None, as does no cut)
                 unknown = True
-                stages.append(Stage(f.name, n_cur, 0.0))
                 continue
             if unknown:
                 # a later filter cuts the head, so the kept set is right, but an earlier
