@@ -32,6 +32,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -66,6 +67,11 @@ class WhatIf:
     seconds: float = 0.0
     note: str | None = None
     key: tuple = field(default=(), repr=False)
+    # where the replay stands after its last step, so that :func:`cached` can go on from there
+    # when the run grows: the sampler state and that step's record (None where gravity was
+    # recomputed over the whole trace, which a longer trace changes)
+    state: sampling.SamplerState | None = field(default=None, repr=False)
+    last: object = field(default=None, repr=False)
 
     def differs(self, i: int) -> bool:
         return self.first_diff is not None and i >= self.first_diff
@@ -165,15 +171,21 @@ def replay_steps(
     trace: Trace,
     params: PruneParams,
     gravities: list[torch.Tensor | None] | None = None,
+    *,
+    start: int = 0,
+    state: sampling.SamplerState | None = None,
 ) -> tuple[list[PruneResult], list[int]]:
-    """Re-prune every recorded step with ``params``; teacher-forced on the recorded tokens.
+    """Re-prune the recorded steps from ``start`` on with ``params``; teacher-forced on the
+    recorded tokens. Returns one result and one pick per step replayed.
 
     The sampler state (histories, mirostat mu) advances with the recorded token, because
-    the later logits were computed after it.
+    the later logits were computed after it. ``state`` is the state before step ``start``
+    (a fresh one at step 0); it is advanced in place.
     """
-    state = sampling.SamplerState()
+    state = sampling.SamplerState() if state is None else state
     results, chosen = [], []
-    for i, rec in enumerate(trace.steps):
+    for i in range(start, len(trace.steps)):
+        rec = trace.steps[i]
         g = rec.gravity if gravities is None else gravities[i]
         res = sampling.prune(
             rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse
@@ -244,30 +256,56 @@ def replay(
             gravities = cache.get(model, trace, params, hidden)
             if params.gravity_space != "embedding" and hidden is None:
                 note = "Hidden-space gravity needs the live run's hidden states; using embeddings."
-    results, chosen = replay_steps(trace, params, gravities)
-    token_ids = [int(rec.cand_ids[c]) for rec, c in zip(trace.steps, chosen, strict=True)]
-    first = next(
-        (
-            i
-            for i, (t, rec) in enumerate(zip(token_ids, trace.steps, strict=True))
-            if t != rec.token_id
-        ),
-        None,
-    )
-    return WhatIf(
-        params=params,
-        n=len(trace.steps),
-        results=results,
-        chosen=chosen,
-        token_ids=token_ids,
-        first_diff=first,
-        seconds=time.perf_counter() - t0,
-        note=note,
-    )
+    state = sampling.SamplerState()
+    results, chosen = replay_steps(trace, params, gravities, state=state)
+    w = WhatIf(params=params, n=0, results=[], chosen=[], token_ids=[], first_diff=None,
+               note=note, state=state if gravities is None else None)  # fmt: skip
+    _append(w, trace, results, chosen)
+    w.seconds = time.perf_counter() - t0
+    return w
+
+
+def _append(w: WhatIf, trace: Trace, results: list[PruneResult], chosen: list[int]) -> None:
+    """Add the replayed steps ``w.n`` on to ``w``."""
+    new = trace.steps[w.n : w.n + len(results)]
+    ids = [int(rec.cand_ids[c]) for rec, c in zip(new, chosen, strict=True)]
+    if w.first_diff is None:
+        w.first_diff = next(
+            (w.n + i for i, (t, rec) in enumerate(zip(ids, new, strict=True)) if t != rec.token_id),
+            None,
+        )
+    w.results, w.chosen, w.token_ids = w.results + results, w.chosen + chosen, w.token_ids + ids
+    w.n += len(results)
+    w.last = trace.steps[w.n - 1] if w.n else None
+
+
+def extend(w: WhatIf, trace: Trace) -> WhatIf | None:
+    """``w`` carried on over the steps ``trace`` has gained since (a new ``WhatIf``; ``w`` is
+    left as it was), equal to :func:`replay` of the whole trace; None where it cannot be:
+    the trace was cut back or changed below ``w``'s last step, or ``w`` recomputed gravity.
+
+    A run that plays on therefore costs one re-prune per new step, not one per step so far.
+    """
+    n = w.n
+    if w.state is None or not 0 < n < len(trace.steps) or trace.steps[n - 1] is not w.last:
+        return None
+    if _needs_new_gravity(trace, w.params):  # a new step lacks the gravity these settings use
+        return None
+    t0 = time.perf_counter()
+    state = w.state.copy()
+    results, chosen = replay_steps(trace, w.params, start=n, state=state)
+    out = dataclasses.replace(w, results=list(w.results), chosen=list(w.chosen),
+                              token_ids=list(w.token_ids), state=state)  # fmt: skip
+    _append(out, trace, results, chosen)
+    out.seconds = time.perf_counter() - t0
+    return out
 
 
 def cached(store: dict, trace: Trace, params: PruneParams, **kw) -> WhatIf:
-    """:func:`replay` memoised in ``store`` (a session's dict) on trace identity, length, params."""
+    """:func:`replay` memoised in ``store`` (a session's dict) on trace identity, length, params.
+
+    When the same run has grown under the same settings (a run that plays on), the stored
+    replay is carried on over the new steps (:func:`extend`) rather than redone."""
     key = (
         id(trace),
         len(trace.steps),
@@ -280,7 +318,11 @@ def cached(store: dict, trace: Trace, params: PruneParams, **kw) -> WhatIf:
         return hit
     if "gravity_cache" not in store:
         store["gravity_cache"] = GravityCache()
-    w = replay(trace, params, gravity_cache=store["gravity_cache"], **kw)
+    w = None
+    if hit is not None and hit.key[0] == key[0] and hit.key[3:] == key[3:]:
+        w = extend(hit, trace)  # the same run and settings, grown by a few steps
+    if w is None:
+        w = replay(trace, params, gravity_cache=store["gravity_cache"], **kw)
     w.key = key
     store["whatif"] = w
     return w

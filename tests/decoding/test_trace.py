@@ -253,3 +253,41 @@ def test_an_lse_below_the_top_logit_is_refused(trace):
     doc["steps"][1]["lse"] = -710
     with pytest.raises(TraceError, match=r"^steps\[1\]\.lse: -710(\.0)? is below the top"):
         Trace.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        PruneParams(temperature=0.7, top_k=40),  # not the run's own: picks can change
+        PruneParams(adaptive="mirostat", mirostat_tau=3.0),  # mu goes from step to step
+        PruneParams(adaptive="target", target_entropy=1.5),  # the controller's temperature
+        PruneParams(fallback=True, fallback_ngram=2),  # reads the token history
+    ],
+)
+def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, params, monkeypatch):
+    from semviz import replay as rp
+
+    d = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(temperature=0.9),
+                DecodeSettings(max_new_tokens=40, seed=3))  # fmt: skip
+    store: dict = {}
+    d.run(5)
+    first = rp.cached(store, d.trace, params)
+    d.run(7)
+    pruned = []
+    prune = rp.sampling.prune
+    monkeypatch.setattr(rp.sampling, "prune", lambda *a, **k: pruned.append(1) or prune(*a, **k))
+    grown = rp.cached(store, d.trace, params)
+    monkeypatch.undo()
+    assert len(pruned) == 7  # only the new steps were re-pruned
+    assert first.n == 5 and len(first.results) == 5  # the earlier replay is left as it was
+    assert grown is not first and grown.n == 12
+    full = rp.replay(d.trace, params)
+    assert grown.token_ids == full.token_ids and grown.chosen == full.chosen
+    assert grown.first_diff == full.first_diff
+    for a, b in zip(grown.results, full.results, strict=True):
+        assert a.n_kept == b.n_kept and a.temperature == b.temperature
+        assert torch.equal(a.index_probs["final"], b.index_probs["final"])
+    d.rewind(3)  # cut back and grown again: the steps below are new, so it replays afresh
+    d.run(10)
+    again = rp.cached(store, d.trace, params)
+    assert again.n == 13 and again.token_ids == rp.replay(d.trace, params).token_ids
