@@ -372,11 +372,16 @@ def payload(
     stages = list(steps[0].stage_probs) if steps else []
     first = ctx.first_diff
     whatif = first is not None
+    cards = _cards(ctx.sess.extra, start, n)
     for i in range(start, n):
         s = steps[i]
         v = s.entropy / hmax if color_by == "entropy" else value(s.chosen_prob)
         tokens.append([i, s.token_text, round(float(v), 3)])
-        alts[str(i)] = _card(ctx, i, stages, whatif)
+        res = ctx.result(i) if whatif else None
+        hit = cards.get(i)
+        if hit is None or hit[0] is not s or hit[1] is not res or hit[2:4] != (whatif, stages):
+            hit = cards[i] = (s, res, whatif, stages, _card(ctx, i, stages, whatif, res))
+        alts[str(i)] = hit[4]
     prompt = "".join(tr.prompt_tokens)
     if len(prompt) > PROMPT_CHARS:
         prompt = "…" + prompt[-PROMPT_CHARS:]
@@ -403,14 +408,26 @@ def payload(
     }
 
 
-def _card(ctx, i: int, stages: list[str], whatif: bool) -> dict:
+def _cards(store: dict, start: int, n: int) -> dict:
+    """The session's hover cards by step, kept between draws: a run that plays on redraws
+    its strip every tick, and a card changes only with its step's record or what-if result.
+    Steps outside ``start:n`` are dropped."""
+    cards = store.setdefault("strip_cards", {})
+    if len(cards) > n - start:
+        for i in [i for i in cards if not start <= i < n]:
+            del cards[i]
+    return cards
+
+
+def _card(ctx, i: int, stages: list[str], whatif: bool, res) -> dict:
+    """Step ``i``'s hover card; with a what-if column when ``whatif``, from ``res`` (the
+    step's what-if result; None leaves the column empty)."""
     rec = ctx.steps[i]
     k = min(ALTERNATIVES, rec.cand_ids.numel())
     ids = rec.cand_ids[:k].tolist()
     rows_ids = ids if rec.chosen_rank < 0 or rec.chosen_rank < k else [*ids, rec.token_id]
     ranks = list(range(k)) if len(rows_ids) == k else [*range(k), rec.chosen_rank]
     labels = [style.display_token(t) for t in ctx.labels(rows_ids)]  # whitespace shows
-    res = ctx.result(i) if whatif else None
     # a stage that changed nothing at this step (gravity at λ 0, T 1) is left out of the card
     shown = [name for j, name in enumerate(stages)
              if j == 0 or name == "final"
