@@ -218,7 +218,9 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
             body()  # no fragment: a click inside the body reruns the whole page
         return
 
-    @st.fragment(run_every=tick_every())
+    every = tick_every()
+
+    @st.fragment(run_every=every)
     def _panel() -> None:
         with page_lock(sess):  # the job's background steps wait while this draws
             _panel_body()
@@ -226,6 +228,10 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
     def _panel_body() -> None:
         if sess.extra.pop("rerun_app", False) and _in_fragment_run():
             st.rerun()  # a click inside the strip: every view follows the selected step
+        if _in_fragment_run() and not every / 1.5 < tick_every() < every * 1.5:
+            # a fragment's pace is set only when the whole page runs: run it again, so that
+            # the ticks follow the number of jobs now decoding on this server
+            st.rerun()
         if runner.job(sess) is not None:
             _tick(ctx)
         elif more and _in_fragment_run():

@@ -9,14 +9,16 @@ wait is longer it is refused with a message. Clicks that would start work while 
 runs are refused with a message (press Stop first).
 
 Long work (Run N, Play, Regenerate, a branch, reproducing a linked run, continuing an example)
-is a ``Job``: the page's fragment calls :func:`tick` every half second, each tick decodes for
-about ``TICK_SECONDS`` and hands back to the browser, so the page stays usable and shows the
-progress. Between ticks a background thread of the job goes on decoding, a token at a time
-under the session's lock, while the page is not drawing (``ui.locks.page_lock``): the run's
-pace is then the model's, not that of the page's round trips (and where the server shares
-forwards, ``SEMVIZ_BATCH_SESSIONS=1``, every playing session has a token waiting whenever a
-forward starts, so their forwards go as one batch). It
-stops when the job ends or the page stops ticking (a closed tab) for ``ORPHAN_SECONDS``.
+is a ``Job``: the page's fragment calls :func:`tick` every half second (longer while many
+jobs run), so the page stays usable and shows the progress. The first tick builds the decoder
+if needed and decodes for about ``TICK_SECONDS``; then a background thread of the job decodes,
+a token at a time under the session's lock, while the page is not drawing
+(``ui.locks.page_lock``), and later ticks only hand it the current settings and draw. The
+run's pace is then the model's, not that of the page's round trips, and a page never waits in
+the model's line to draw (where the server shares forwards, ``SEMVIZ_BATCH_SESSIONS=1``, every
+playing session has a token waiting whenever a forward starts, so their forwards go as one
+batch). The thread stops when the job ends or the page stops ticking (a closed tab) for
+``ORPHAN_SECONDS``; the job's place in the model's line shows in its progress.
 Stop ends a job between two steps and keeps what it made.
 
 Branches: clicking an alternative token (or regenerating from a step) forks the current
@@ -425,6 +427,7 @@ class Job:
     seen: float = 0.0
     worker: threading.Thread | None = None
     error: BaseException | None = None
+    place: Any = None  # where its next token waits in the model's line (None: not waiting)
 
     def __post_init__(self) -> None:
         if self.total is None and self.sample is not None:
@@ -438,11 +441,18 @@ class Job:
 
     def progress(self) -> str:
         phase = "re-feeding the recorded tokens" if self.forced else "decoding"
+        p = self.place
+        if p is not None and p.waited >= server.SHOW_WAIT_AFTER:
+            phase += f"; in the model's line, {server.turns_before(p)}"
         if self.total is None:
             return f"{self.label}: {self.made} tokens ({phase})"
         eta = self.eta()
         left = f" · about {eta:.0f} s left" if eta is not None and eta >= 0.5 else ""
         return f"{self.label}: {self.made} / {self.total} tokens ({phase}){left}"
+
+    def wait_at(self, place: Any) -> None:
+        """Keep where the job's next token waits in the model's line (None: it has its turn)."""
+        self.place = place
 
 
 def job(sess: SessionData) -> Job | None:
@@ -502,6 +512,11 @@ def tick(
 ) -> bool:
     """Advance the job for about ``seconds`` (at least one token); True once it has ended.
 
+    Once the job's background thread decodes, a tick only hands it the current settings and
+    keeps it alive: the page then draws without waiting for the model, whose line may be
+    long on a shared server (a tick that waited there held the page for seconds, and the
+    browser redrew its place in line every quarter second).
+
     ``status(message)`` wraps the prefill (the page shows a spinner with the message).
     Errors end the job and propagate; the decoder keeps every completed step.
     """
@@ -509,6 +524,8 @@ def tick(
     if j is None:
         return True
     j.settings, j.seen = settings, time.monotonic()
+    if j.error is None and j.worker is not None and j.worker.is_alive():
+        return False
     with exclusive(sess):
         if j.error is not None:  # the background decoding failed: the job ends with it
             _stop_job(sess)
@@ -557,19 +574,44 @@ def _background(sess: SessionData, j: Job) -> None:
     lk = session_lock(sess)
     dec = sess.decoder
     while job(sess) is j and time.monotonic() - j.seen < ORPHAN_SECONDS:
-        if not lk.acquire(timeout=0.5):
-            continue
-        try:
-            if job(sess) is not j or sess.decoder is not dec:
+        with _turn_then_lock(sess, j, lk) as held:
+            if not held:
+                continue
+            try:
+                if job(sess) is not j or sess.decoder is not dec:
+                    return
+                if _advance(sess, j.settings, j, 0.0):  # one token
+                    return
+            except Exception as exc:  # the next tick ends the job and shows it
+                j.error = exc
                 return
-            if _advance(sess, j.settings, j, 0.0):  # one token
-                return
-        except Exception as exc:  # the next tick ends the job and shows it
-            j.error = exc
-            return
-        finally:
-            lk.release()
+            finally:
+                lk.release()
         time.sleep(0.002)  # a thread waiting for the lock gets it now
+
+
+@contextlib.contextmanager
+def _turn_then_lock(sess: SessionData, j: Job, lk: threading.RLock) -> Iterator[bool]:
+    """For one background token: wait in the model's line first and only then take the
+    session's lock (yields whether it got it; the caller releases it).
+
+    Waiting in line while holding the lock would keep the page from drawing for as long as
+    the line is (seconds on a shared server). The page holds the lock only to draw, so once
+    the turn is held the lock comes soon; if it does not come at once and others wait for the
+    model, they go first. Where sessions share forwards the turn is taken inside the step, as
+    one batch, so there the lock is taken first.
+    """
+    if server.config().batch_sessions:
+        yield lk.acquire(timeout=0.5)
+        return
+    with server.model_turn(j.wait_at) as turn:
+        deadline = time.monotonic() + 0.5
+        while not lk.acquire(timeout=0.02):
+            if time.monotonic() > deadline or job(sess) is not j:
+                yield False
+                return
+            turn.let_others()
+        yield True
 
 
 def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> bool:
@@ -598,12 +640,12 @@ def _decode_for(dec: Any, j: Job, params: PruneParams, until: float) -> bool:
             # new token is taken under the current sliders
             recorded = j.params is not None and j.made < j.recorded
             dec.params = j.params if recorded else params
-            rec = server.step(dec, force_token=j.forced[0])
+            rec = server.step(dec, force_token=j.forced[0], waiting=j.wait_at)
             if rec is not None:
                 j.forced.pop(0)
         elif j.sample is None or j.sampled < j.sample:
             dec.params = params
-            rec = server.step(dec)
+            rec = server.step(dec, waiting=j.wait_at)
             if rec is not None:
                 j.sampled += 1
         else:

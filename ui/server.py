@@ -258,16 +258,20 @@ def check_prompt(ids: list[int]) -> list[int]:
 def _owner() -> str:
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-    ctx = get_script_run_ctx()
+    ctx = get_script_run_ctx(suppress_warning=True)  # a job's thread has none
     return ctx.session_id if ctx is not None else f"thread-{threading.get_ident()}"
 
 
 def wait_text(place: Place) -> str:
     """What a waiting page says about its place in the line."""
-    n = place.ahead
-    turns = "1 turn" if n == 1 else f"{n} turns"
     eta = f", about {place.eta:.0f} s" if place.eta >= 1 else ""
-    return f"Waiting for the model: {turns} before yours{eta}. Other sessions are using it."
+    return f"Waiting for the model: {turns_before(place)}{eta}. Other sessions are using it."
+
+
+def turns_before(place: Place) -> str:
+    """``place`` in words: '3 turns before yours'."""
+    n = place.ahead
+    return f"{'1 turn' if n == 1 else f'{n} turns'} before yours"
 
 
 class _Shown:
@@ -291,14 +295,19 @@ def _feed(decoders: list) -> None:
 GATHER = Gather(QUEUE, _feed)  # the sessions' decode steps, fed together
 
 
-def _on_wait(owner: str) -> tuple[Callable[[Place], None], list]:
+def _on_wait(
+    owner: str, waiting: Callable[[Place | None], None] | None = None
+) -> tuple[Callable[[Place], None], list]:
     """A waiting callback that shows the page's place in line once it has waited a while,
-    and the slot it draws in (empty until then)."""
+    and the slot it draws in (empty until then). ``waiting(place)`` is told every place too
+    (a job's thread, which draws nothing, keeps it for the page's next tick)."""
     import streamlit as st
 
     slot: list = []
 
     def on_wait(place: Place) -> None:
+        if waiting is not None:
+            waiting(place)
         if place.waited < SHOW_WAIT_AFTER or owner.startswith("thread-"):
             return
         if not slot:
@@ -309,23 +318,31 @@ def _on_wait(owner: str) -> tuple[Callable[[Place], None], list]:
 
 
 @contextlib.contextmanager
-def model_turn() -> Iterator[_Shown]:
+def model_turn(waiting: Callable[[Place | None], None] | None = None) -> Iterator[_Shown]:
     """Hold the model's turn for this session's work, waiting in line if others hold it.
 
     While it waits longer than ``SHOW_WAIT_AFTER`` the page shows its place (where the call
     is made: at the top of the page from a button's callback, in place inside a fragment).
+    ``waiting`` is called with every place while in line, and with None once the turn is held.
     """
     from ui import sessions
 
     owner = _owner()
-    on_wait, slot = _on_wait(owner)
+    on_wait, slot = _on_wait(owner, waiting)
     with sessions.busy(owner), QUEUE.turn(owner, on_wait=on_wait) as turn:
+        if waiting is not None:
+            waiting(None)
         if slot:
             slot[0].empty()
         yield _Shown(turn, slot)
 
 
-def step(dec: Any, force_token: int | None = None) -> Any:
+def step(
+    dec: Any,
+    force_token: int | None = None,
+    *,
+    waiting: Callable[[Place | None], None] | None = None,
+) -> Any:
     """One ``dec.step()`` in the model's line (its forward shared with other sessions' when
     ``batch_sessions`` is on).
 
@@ -334,19 +351,22 @@ def step(dec: Any, force_token: int | None = None) -> Any:
     (``semviz.decoding.feed_together``), so eight students playing at once cost about one
     forward a turn, not eight. Otherwise, and for a decoder that cannot share (eviction,
     done), the step takes a turn of its own. Set ``dec.params`` first: the forward reads them.
+    ``waiting`` is told the place in line, as for :func:`model_turn`.
     """
     from ui import sessions
 
     if dec.can_share and config().batch_sessions:
         owner = _owner()
-        on_wait, slot = _on_wait(owner)
+        on_wait, slot = _on_wait(owner, waiting)
         with sessions.busy(owner):
             GATHER.submit(dec, owner, on_wait=on_wait)
+        if waiting is not None:
+            waiting(None)
         if slot:
             slot[0].empty()
     if dec.fed or dec.done:  # the step runs no model: no turn needed
         return dec.step(force_token=force_token)
-    with model_turn():
+    with model_turn(waiting):
         return dec.step(force_token=force_token)
 
 

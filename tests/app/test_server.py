@@ -388,3 +388,38 @@ def test_dropping_a_run_frees_its_memory(tiny_lm):
     gc.collect()
     assert ref() is None and sess.notice == "gone" and sess.decoder is None
     assert not sessions.drop_run(sess, "again")  # nothing left to drop: no second notice
+
+
+def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(monkeypatch, tiny_dir):
+    """The job's thread waits for the model without the session's lock, so the page's ticks
+    neither wait for the line nor for the job; the page shows the job's place in the line."""
+    from semviz.forward_queue import QUEUE
+    from ui import runner
+    from ui.locks import session_lock
+
+    at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_STEPS="4096")
+    at.run()
+    at.switch_page(GENERATE).run()
+    at.button(key="btn_play").click().run()  # the first tick builds, decodes, starts the thread
+    sess = at.session_state["semviz"]
+    j = runner.job(sess)
+    assert j is not None and j.worker is not None and j.worker.is_alive()
+    with QUEUE.turn("another session"):  # someone else's long forward
+        time.sleep(0.2)
+        n = sess.decoder.n_steps
+        time.sleep(server.SHOW_WAIT_AFTER + 0.5)
+        assert sess.decoder.n_steps == n  # the job waits in line ...
+        lk = session_lock(sess)
+        assert lk.acquire(timeout=0.2)  # ... without the session's lock
+        lk.release()
+        t0 = time.monotonic()
+        at.run(timeout=10)  # a tick: it draws and does not wait for the model
+        assert time.monotonic() - t0 < 10 and not at.exception
+        assert "in the model's line, 1 turn before yours" in j.progress()
+        shown = " ".join(p.proto.text for p in at.get("progress"))
+        assert "in the model's line, 1 turn before yours" in shown
+    time.sleep(1.0)
+    at.run()
+    assert sess.decoder.n_steps > n and j.place is None  # its turn came: it decodes on
+    at.button(key="job_stop").click().run()
+    assert runner.job(sess) is None
