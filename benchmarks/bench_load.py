@@ -144,8 +144,9 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     server's CPU seconds and the load average over the phase.
 
     A step under way when Stop is pressed still adds its token, so a session's count can be one
-    high; that holds alike for every phase. A run that ends by itself (EOS) is seen by polling
-    its status line once a second: its time ends there, and it is marked ``ended_early``.
+    high; that holds alike for every phase. A run that ends by itself (EOS) is seen once a second:
+    when its Stop button has gone and its status line says it stopped, its time ends there,
+    and it is marked ``ended_early``.
     """
     from playwright.sync_api import Error as PlaywrightError
 
@@ -161,10 +162,17 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
         p.get_by_role("button", name="Play", exact=True).click()
         started.append(time.perf_counter())
     ended: list[float | None] = [None] * len(pages)
+    running = [False] * len(pages)
     while time.perf_counter() < started[0] + seconds:
         time.sleep(1.0)
         for i, p in enumerate(pages):
-            if ended[i] is None and ENDED.search(p.inner_text("body")):
+            # a cheap look (is the job's Stop drawn?); the page's text only once it is gone:
+            # reading a whole page's text every second costs each tab more CPU than its run
+            if ended[i] is not None:
+                continue
+            if stops[i].count():
+                running[i] = True
+            elif running[i] and ENDED.search(p.inner_text("body")):
                 ended[i] = time.perf_counter()
     stopped = []
     for i, stop in enumerate(stops):
