@@ -119,10 +119,14 @@ def browser_pids(server: int) -> list[int]:
 
 
 def renice(server: int, nice: int) -> None:
-    """Lower the browser processes' CPU priority (new renderers inherit it from the zygote)."""
+    """Lower the browser processes' CPU priority, every thread of each (on Linux a priority
+    is a thread's: the process's id alone reaches only its main thread, not a renderer's
+    compositor and raster threads). Call it again for tabs opened since."""
     for pid in browser_pids(server):
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, pid, nice)
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
 def browser_cpu_seconds(server: int) -> float:
