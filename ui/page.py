@@ -241,6 +241,11 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
             except runner.Busy:
                 pass
         j = runner.job(sess)
+        if active and j is None:
+            # the task has ended (in this tick or in its thread): the whole page catches up
+            # before anything is drawn, so its last token never shows beside buttons that are
+            # still disabled for the task (a click there would be lost)
+            st.rerun()
         if j is not None:
             frac = min(1.0, j.made / j.total) if j.total else 0.0
             c1, c2 = st.columns([6, 1], vertical_alignment="center")
@@ -251,8 +256,6 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
             )  # fmt: skip
         if body is not None:
             body()
-        if active and j is None:
-            st.rerun()  # the whole page catches up once the task has ended
 
     _panel()
 

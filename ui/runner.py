@@ -653,6 +653,8 @@ def _decode_for(dec: Any, j: Job, params: PruneParams, until: float) -> bool:
         if rec is None:
             return True
         j.made += 1
+        if dec.done or (not j.forced and j.sample is not None and j.sampled >= j.sample):
+            return True  # that was the last token: the job ends now, not at the next call
         if time.perf_counter() >= until:
             return False
 
