@@ -510,10 +510,10 @@ def tick(
     *,
     status: Callable[[str], contextlib.AbstractContextManager] | None = None,
 ) -> bool:
-    """Advance the job for about ``seconds`` (at least one token); True once it has ended.
+    """Advance the job for about ``seconds`` (at least one token) until its background
+    thread decodes; True once it has ended.
 
-    Once the job's background thread decodes, a tick only hands it the current settings and
-    keeps it alive: the page then draws without waiting for the model, whose line may be
+    Once that thread decodes, a tick only hands it the current settings and keeps it alive: the page then draws without waiting for the model, whose line may be
     long on a shared server (a tick that waited there held the page for seconds, and the
     browser redrew its place in line every quarter second).
 
