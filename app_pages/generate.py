@@ -41,8 +41,6 @@ def _act(kind: str) -> None:
             runner.start(sess, s, "run", int(s.run_n))
         elif kind == "play":
             runner.start(sess, s, "play", None)
-        elif kind == "pause":
-            page._stop_job(sess)
     except Exception as exc:  # shown by the page header; the session's run is kept
         sess.error = message(exc)
 
@@ -57,11 +55,11 @@ bar.button(
     f"Run {settings.run_n}", key="btn_run", disabled=job is not None, on_click=_act,
     args=("run",), help="Decode this many tokens (set N in the sidebar).",
 )  # fmt: skip
-if job is not None and job.kind == "play":
-    bar.button("Pause", key="btn_pause", on_click=_act, args=("pause",))
+if job is not None:  # here, not beside the progress: the buttons stay put while it streams
+    page.stop_button(sess, bar, "Pause" if job.kind == "play" else "Stop", "content")
 else:
     bar.button(
-        "Play", key="btn_play", on_click=_act, args=("play",), disabled=job is not None,
+        "Play", key="btn_play", on_click=_act, args=("play",),
         help="Decode until Pause, the end of text or the token limit.",
     )  # fmt: skip
 bar.button(
@@ -170,7 +168,7 @@ def live() -> None:
 
 if ctx.params is not None:
     page.whatif_banner(ctx)
-page.job_panel(ctx, body=live, background=_ghost_work if job is None else None)
+page.job_panel(ctx, body=live, background=_ghost_work if job is None else None, stop=False)
 
 
 def _switch(key: str) -> None:

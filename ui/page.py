@@ -201,7 +201,7 @@ def tick_every() -> float:
     return TICK_EVERY * max(1.0, runner.background_jobs() / 2)
 
 
-def job_panel(ctx: PageContext, body=None, background=None) -> None:
+def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True) -> None:
     """The session's long task: one tick of work per run, its progress, an estimate and Stop.
 
     Runs as a fragment every ``TICK_EVERY`` s while a task is active, so only this part of the
@@ -209,6 +209,10 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
     streams with it. When the task ends the whole page reruns once to catch up.
     ``background()`` is lower-priority work (the what-if ghost text) done in the ticks while no
     task runs; it returns True while it has more to do.
+
+    ``stop``: draw Stop beside the progress (Generate draws it among its own buttons). Either
+    way it is drawn outside the fragment: a button that each tick redraws can be swapped for
+    its new copy between a press and its release, and that click was lost.
     """
     sess = ctx.sess
     active = runner.job(sess) is not None
@@ -219,6 +223,10 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
         return
 
     every = tick_every()
+    where = st.container()
+    if active and stop:
+        where, right = st.columns([6, 1], vertical_alignment="center")
+        stop_button(ctx.sess, right)
 
     @st.fragment(run_every=every)
     def _panel() -> None:
@@ -248,16 +256,20 @@ def job_panel(ctx: PageContext, body=None, background=None) -> None:
             st.rerun()
         if j is not None:
             frac = min(1.0, j.made / j.total) if j.total else 0.0
-            c1, c2 = st.columns([6, 1], vertical_alignment="center")
-            c1.progress(frac, text=j.progress())
-            c2.button(
-                "Stop", key="job_stop", on_click=_stop_job, args=(sess,), width="stretch",
-                help="Stop after the token being decoded; everything made so far is kept.",
-            )  # fmt: skip
+            st.progress(frac, text=j.progress())
         if body is not None:
             body()
 
-    _panel()
+    with where:
+        _panel()
+
+
+def stop_button(sess: SessionData, where=st, label: str = "Stop", width="stretch") -> None:
+    """Stop (or Pause) for the session's task; draw it outside the ticking fragment."""
+    where.button(
+        label, key="job_stop", on_click=_stop_job, args=(sess,), width=width,
+        help="Stop after the token being decoded; everything made so far is kept.",
+    )  # fmt: skip
 
 
 def _tick(ctx: PageContext) -> None:

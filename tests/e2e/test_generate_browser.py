@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from semviz.style import display_token
 from tests.e2e.conftest import ARTIFACTS, ROOT
@@ -225,34 +224,49 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         ctx.close()
 
 
+def press_stop_once(page, made) -> int:
+    """While the task streams, press its Stop once; return how many tokens it kept.
+
+    The ticks redraw the progress and the strip but not Stop, so the button under the pointer
+    is the same one from press to release (inside the ticking fragment it could be swapped for
+    its new copy in between, and the click was lost: a person had to press again)."""
+    # by role: a button sized to its text in a row also has a hidden copy, for measuring
+    stop = page.locator(".st-key-job_stop").get_by_role("button")
+    handle = stop.element_handle(timeout=120_000)
+    n, deadline = made(), time.time() + 300
+    while time.time() < deadline and made() < n + 3:  # a few ticks have redrawn the page
+        time.sleep(0.3)
+    assert made() >= n + 3, "the task did not stream"
+    assert stop.count() == 1 and handle.evaluate("e => e.isConnected")
+    handle.click()
+    return int(wait_text(page, r"stopped after (\d+) tokens; they are kept", 30).group(1))
+
+
 def test_stop_on_a_long_task(browser, app_url):
     # a continuation without the chat template: the model does not end it within seconds
     long = "/generate?run_n=400&seed=2&chat=0&prompt=The+history+of+the+lighthouse+keepers"
     ctx, page = open_page(browser, app_url, long)
     try:
         page.get_by_role("button", name="Run 400", exact=True).click()
-        page.wait_for_selector(".st-key-job_stop", timeout=120_000)
-        deadline = time.time() + 300
-        while time.time() < deadline and len(tokens(page)) < 3:
-            time.sleep(0.3)
-        # While a fragment rerun replaces the panel, the old Stop can sit beside the new one
-        # for a moment (marked stale); both are the same widget, so click the live one.
-        # On a loaded machine the ticks can redraw the panel faster than a click settles:
-        # try again (as a person would) until the page says it stopped.
-        live = page.locator('.st-key-job_stop:not([data-stale="true"]) button').first
-        for _ in range(12):
-            try:
-                live.click(timeout=5_000)
-                break
-            except PlaywrightTimeout:
-                if re.search(r"stopped after \d+ tokens", page.inner_text("body")):
-                    break
-        m = wait_text(page, r"stopped after (\d+) tokens; they are kept", 60)
+        kept = press_stop_once(page, lambda: len(tokens(page)))
         n = wait_done(page)
-        assert n == int(m.group(1)) and 3 <= n < 400
+        assert n == kept and 3 <= n < 400
         no_traceback(page)
         page.get_by_role("button", name="Step", exact=True).click()  # still usable
-        wait_done(page, n + 1)
+        n = wait_done(page, n + 1)
+        # on another page the task's panel (progress and Stop) heads the page
+        page.get_by_role("button", name="Run 400", exact=True).click()
+        page.wait_for_selector(".st-key-job_stop", timeout=120_000)
+        page.get_by_role("link", name="Thermodynamics").first.click()
+
+        def made() -> int:
+            m = re.search(r"Run 400: (\d+) / 400 tokens", page.inner_text("body"))
+            return int(m.group(1)) if m else 0
+
+        kept = press_stop_once(page, made)
+        no_traceback(page)
+        page.get_by_role("link", name="Generate").first.click()
+        assert wait_done(page) == n + kept
     finally:
         ctx.close()
 
