@@ -33,6 +33,7 @@ K = KEY_PREFIX
 STORE = "settings"  # the last Settings, kept outside any widget
 SEEDED_ON = "settings_seeded_on"  # the page whose run last wrote the widget keys
 NOTES = nav.LINK_NOTES  # what reading the link changed, shown until a run ends
+LINK_ICON = ":material/link:"  # marks a note about the opening link
 
 
 def init_state() -> Settings:
@@ -119,8 +120,9 @@ def sidebar() -> Settings:
     sb = st.sidebar
     if cfg.shared:
         sb.caption(server.queue_caption())
+    # under the page's title, not in the sidebar, whose page list pushes them below the fold
     for note in nav.take_link_notes(st.session_state):
-        sb.warning(note, icon="🔗")
+        st.warning(note, icon=LINK_ICON)
     with sb.expander("Model & prompt", expanded=True):
         _model_widget(cfg)
         st.toggle(spec_of("chat").label, key=K + "chat", help=spec_of("chat").help)

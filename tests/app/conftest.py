@@ -45,3 +45,10 @@ def run_steps(at, n: int):
 def generated(app):
     """The app after 8 generated tokens."""
     return run_steps(app, 8)
+
+
+def link_notes(at) -> list[str]:
+    """The notes about the opening link that this run showed (under the page's title)."""
+    from ui.controls import LINK_ICON
+
+    return [w.value for w in at.main.warning if w.icon == LINK_ICON]

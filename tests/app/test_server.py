@@ -9,7 +9,7 @@ import time
 import pytest
 
 from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
-from tests.app.conftest import APP, GENERATE, TIMEOUT, run_steps
+from tests.app.conftest import APP, GENERATE, TIMEOUT, link_notes, run_steps
 from ui import server, sessions
 from ui.server import ConfigError, ServerConfig, read_config
 
@@ -169,9 +169,7 @@ def test_a_link_cannot_load_a_model_outside_the_list(monkeypatch, tiny_dir, tmp_
     at.query_params["model"] = str(tmp_path)
     at.switch_page("app_pages/pipeline.py").run()
     assert not at.exception and not at.error
-    assert f"Ignored model='{tmp_path}': this server runs only {tiny_dir.name}." in [
-        w.value for w in at.sidebar.warning
-    ]
+    assert f"Ignored model='{tmp_path}': this server runs only {tiny_dir.name}." in link_notes(at)
     assert at.session_state["settings"].model == ""
     assert "s_model" not in [w.key for w in at.text_input]  # nothing to type a path into
     assert f"Model: **{tiny_dir.name}** (the one this server runs)" in [
@@ -195,7 +193,7 @@ def test_runs_stop_at_the_step_limit(monkeypatch, tiny_dir):
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_STEPS="5")
     at.query_params.update({"run_n": "50", "max_new_tokens": "4000"})
     at.run()
-    notes = [w.value for w in at.sidebar.warning]
+    notes = link_notes(at)
     assert notes == [
         "max_new_tokens=4000 is above this server's limit of 5 tokens a run; using 5.",
         "run_n=50 is above this server's limit of 5 tokens a run; using 5.",

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from tests.app.conftest import link_notes
 from ui import kv, nav
 from ui.state import COUNT, Settings, spec_of
 
@@ -135,7 +136,7 @@ def check(at, page: str, query: dict[str, str], *, shared: bool) -> None:
         from ui.server import config
 
         assert config().allows(s.model), s.model
-    notes = " ".join(w.value for w in at.sidebar.warning)
+    notes = " ".join(link_notes(at))
     for key, raw in query.items():
         final = getattr(s, key, None)
         if not taken_as_given(key, raw, final):
@@ -184,7 +185,7 @@ def test_a_link_whose_run_ends_at_once_still_shows_its_notes(tiny_dir, page, sha
         at = open_link(page, query)
         check(at, page, query, shared=shared)
         at.run()
-        assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
+        assert not link_notes(at), link_notes(at)
 
 
 def test_a_linked_run_keeps_its_notes_on_screen_until_it_has_ended(tiny_dir):
@@ -195,17 +196,17 @@ def test_a_linked_run_keeps_its_notes_on_screen_until_it_has_ended(tiny_dir):
         at = open_link(nav.GENERATE, query)
         runs_while_playing = 0
         while at.session_state["semviz"].playing:
-            assert "chat=" in " ".join(w.value for w in at.sidebar.warning)
+            assert "chat=" in " ".join(link_notes(at))
             runs_while_playing += 1
             at.run()
         assert runs_while_playing >= 1, "the linked run ended in one tick: make it longer"
         if working(at):  # it ended in its thread after that run: the next run shows the end
-            assert "chat=" in " ".join(w.value for w in at.sidebar.warning)
+            assert "chat=" in " ".join(link_notes(at))
             at.run()
         assert not working(at) and "tokens generated · " in " ".join(c.value for c in at.caption)
-        assert "chat=" in " ".join(w.value for w in at.sidebar.warning)
+        assert "chat=" in " ".join(link_notes(at))
         at.run()
-        assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
+        assert not link_notes(at), link_notes(at)
 
 
 def working(at) -> bool:
