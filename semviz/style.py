@@ -175,6 +175,17 @@ _NAMED = {"<s>", "</s>", "<unk>", "<pad>", "<bos>", "<eos>"}
 _GLYPHS = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
 
 
+def mark_specials(text: str) -> str:
+    """A token's text with its special tokens in ⟨ ⟩ and everything else as it is.
+
+    >>> mark_specials("<|im_start|>user"), mark_specials("</s>"), mark_specials("a <b>")
+    ('⟨im_start⟩user', '⟨s⟩', 'a <b>')
+    """
+    if text in _NAMED:
+        return "⟨" + text.strip("</>") + "⟩"
+    return _SPECIAL.sub(lambda m: "⟨" + m.group(1) + "⟩", text)
+
+
 def display_token(text: str) -> str:
     """A token as a reader can see it: whitespace as glyphs, special tokens in ⟨ ⟩.
 
@@ -184,11 +195,8 @@ def display_token(text: str) -> str:
     """
     if text == "":
         return "∅"
-    if text in _NAMED:
-        return "⟨" + text.strip("</>") + "⟩"
-    s = _SPECIAL.sub(lambda m: "⟨" + m.group(1) + "⟩", text)
     out = []
-    for c in s:
+    for c in mark_specials(text):
         g = _GLYPHS.get(c)
         if g is not None:
             out.append(g)

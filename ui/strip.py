@@ -382,7 +382,9 @@ def payload(
         if hit is None or hit[0] is not s or hit[1] is not res or hit[2:4] != (whatif, stages):
             hit = cards[i] = (s, res, whatif, stages, _card(ctx, i, stages, whatif, res))
         alts[str(i)] = hit[4]
-    prompt = "".join(tr.prompt_tokens)
+    # the chat template's markers as every other view shows them (⟨im_start⟩), so they read as
+    # tokens the model was given rather than as text someone typed
+    prompt = "".join(style.mark_specials(t) for t in tr.prompt_tokens)
     if len(prompt) > PROMPT_CHARS:
         prompt = "…" + prompt[-PROMPT_CHARS:]
     # [text, colour of its mark or None]

@@ -59,3 +59,14 @@ def test_cards_kept_between_draws_equal_cards_made_afresh(tiny_lm):
     dec.run(2)  # cut back and grown again: steps 3 and 4 are new records
     again = strip.payload(ctx_of(dec, store))
     assert again == strip.payload(ctx_of(dec, {})) and len(store["strip_cards"]) == 5
+
+
+def test_the_prompt_shows_the_chat_templates_markers_as_tokens(tiny_lm):
+    dec = Decoder(tiny_lm, "Hello <b>there</b>", PruneParams(),
+                  DecodeSettings(max_new_tokens=4, seed=1, chat=True))  # fmt: skip
+    dec.run(1)
+    raw = "".join(dec.trace.prompt_tokens)
+    assert "<|im_start|>user\nHello <b>there</b><|im_end|>" in raw  # what the model was given
+    shown = strip.payload(ctx_of(dec, {}))["prompt"]
+    assert "⟨im_start⟩user\nHello <b>there</b>⟨im_end⟩" in shown
+    assert "<|" not in shown and shown.count("⟨im_start⟩") == raw.count("<|im_start|>")
