@@ -1,4 +1,4 @@
-"""One line for the model: turns at it, first come first served, one at a time.
+"""One line for the model: turns at it, first come first served, one at a time (or a few).
 
 Threads that run model forwards at the same time (the app's sessions on one server) each spin
 up the CPU's whole thread pool, and on a few cores they slow each other down many times over.
@@ -10,6 +10,10 @@ A turn is re-entrant within a thread, so code that already holds one can call co
 one. Long work (an evaluation over many forwards) keeps its turn but calls
 :meth:`Turn.let_others` between forwards: anyone waiting then goes first, and the work joins
 the back of the line.
+
+When each forward uses only some of the cores (torch's threads), a few turns can run side by
+side, one per ``lanes`` (:func:`lanes_for`): they share the machine without fighting over
+threads, and each forward is the same computation as alone, so its results are the same bits.
 
 Nothing here knows about models or Streamlit; :data:`QUEUE` is the process's one line.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["QUEUE", "ForwardQueue", "Gather", "Place", "QueueState", "Turn"]
+__all__ = ["QUEUE", "ForwardQueue", "Gather", "Place", "QueueState", "Turn", "lanes_for"]
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,33 @@ class QueueState:
     served: int
 
 
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def lanes_for(threads: int, n_cores: int | None = None) -> int:
+    """Turns that fit side by side when each forward uses ``threads`` threads.
+
+    >>> lanes_for(1, 2), lanes_for(2, 2), lanes_for(3, 8), lanes_for(16, 8)
+    (2, 1, 2, 1)
+    """
+    n = cores() if n_cores is None else n_cores
+    return max(1, n // max(1, int(threads)))
+
+
 class _Ticket:
-    __slots__ = ("owner", "thread", "since")
+    __slots__ = ("owner", "thread", "since", "depth", "started")
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self.thread = threading.get_ident()
         self.since = time.monotonic()
+        self.depth = 0  # re-entrant turns of its thread while it holds a lane
+        self.started = 0.0
 
 
 class Turn:
@@ -87,30 +112,41 @@ class Turn:
 
 
 class ForwardQueue:
-    """Turns at the model in arrival order, one at a time.
+    """Turns at the model in arrival order, ``lanes`` at a time (one by default).
 
     Parameters
     ----------
     poll : seconds between two ``on_wait`` calls while a turn waits
+    lanes : turns that may run at once. One, unless each forward uses only some of the cores
+        (torch's threads): then ``cores // threads`` forwards side by side fill the machine
+        without fighting over its threads, and each is the same computation as alone.
     """
 
-    def __init__(self, poll: float = 0.25) -> None:
+    def __init__(self, poll: float = 0.25, lanes: int = 1) -> None:
         if not poll > 0:
             raise ValueError(f"poll must be > 0 seconds, got {poll!r}")
         self.poll = float(poll)
+        self.lanes = 1
         self._cond = threading.Condition()
         self._line: deque[_Ticket] = deque()
-        self._holder: _Ticket | None = None
-        self._depth = 0  # re-entrant turns of the holder's thread
-        self._started = 0.0
+        self._holders: list[_Ticket] = []  # the turns running now, at most ``lanes``
         self._per_turn = 0.0  # running mean of turn lengths, seconds
         self._served = 0
+        self.set_lanes(lanes)
+
+    def set_lanes(self, lanes: int) -> None:
+        """How many turns may run at once from now on (turns running are not cut short)."""
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise ValueError(f"lanes must be a whole number >= 1, got {lanes!r}")
+        with self._cond:
+            self.lanes = lanes
+            self._cond.notify_all()
 
     # -- reading ---------------------------------------------------------------------------
     def state(self) -> QueueState:
         """How the line stands now."""
         with self._cond:
-            return QueueState(self._holder is not None, len(self._line), self._per_turn,
+            return QueueState(bool(self._holders), len(self._line), self._per_turn,
                               self._served)  # fmt: skip
 
     def place(self, owner: str) -> Place | None:
@@ -122,8 +158,19 @@ class ForwardQueue:
         return None
 
     def _place(self, ticket: _Ticket, index: int) -> Place:
-        ahead = index + (1 if self._holder is not None else 0)
-        return Place(ahead, time.monotonic() - ticket.since, self._per_turn)
+        # the turns that must end before this one starts: those ahead of it in line, and one
+        # running turn for each lane they leave it short of
+        ahead = index + max(0, len(self._holders) - self.lanes + 1)
+        return Place(ahead, time.monotonic() - ticket.since, self._per_turn / self.lanes)
+
+    def _held(self) -> _Ticket | None:
+        """The turn this thread holds, if any (call with the lock held)."""
+        me = threading.get_ident()
+        return next((t for t in self._holders if t.thread == me), None)
+
+    def _free(self, ticket: _Ticket) -> bool:
+        """May ``ticket`` take a lane now (call with the lock held)?"""
+        return len(self._holders) < self.lanes and self._line[0] is ticket
 
     # -- taking turns ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -137,18 +184,15 @@ class ForwardQueue:
         thread that already holds the turn goes on at once.
         """
         with self._cond:
-            holder = self._holder
-            if holder is not None and holder.thread == threading.get_ident():
-                self._depth += 1
-                nested = True
-            else:
-                nested = False
-        if nested:
+            holder = self._held()
+            if holder is not None:
+                holder.depth += 1
+        if holder is not None:
             try:
                 yield Turn(self, holder, on_wait)
             finally:
                 with self._cond:
-                    self._depth -= 1
+                    holder.depth -= 1
             return
         ticket = _Ticket(owner)
         self._wait(ticket, on_wait)
@@ -165,13 +209,13 @@ class ForwardQueue:
         try:
             while True:
                 with self._cond:
-                    if self._holder is None and self._line[0] is ticket:
+                    if self._free(ticket):
                         self._line.popleft()
-                        self._holder, self._depth = ticket, 0
-                        self._started = time.monotonic()
+                        self._holders.append(ticket)
+                        ticket.depth, ticket.started = 0, time.monotonic()
                         return
                     self._cond.wait(self.poll)
-                    if self._holder is None and self._line[0] is ticket:
+                    if self._free(ticket):
                         continue  # our turn: take it without a callback
                     place = self._place(ticket, self._line.index(ticket))
                 if on_wait is not None:
@@ -185,18 +229,18 @@ class ForwardQueue:
 
     def _release(self, ticket: _Ticket) -> None:
         with self._cond:
-            if self._holder is not ticket:
+            if ticket not in self._holders:
                 return
-            took = time.monotonic() - self._started
+            took = time.monotonic() - ticket.started
             self._served += 1
             # a short memory: the pace of the last turns, for the wait estimate
             self._per_turn = took if self._served == 1 else 0.8 * self._per_turn + 0.2 * took
-            self._holder = None
+            self._holders.remove(ticket)
             self._cond.notify_all()
 
     def _let_others(self, ticket: _Ticket, on_wait) -> None:
         with self._cond:
-            if self._holder is not ticket or not self._line or self._depth:
+            if ticket not in self._holders or not self._line or ticket.depth:
                 return  # nobody waits, or an outer block of this thread still holds the turn
         self._release(ticket)
         self._wait(ticket, on_wait)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from semviz.forward_queue import ForwardQueue, Place
+from semviz.forward_queue import ForwardQueue, Place, lanes_for
 
 
 def wait_until(cond, timeout: float = 5.0) -> None:
@@ -65,8 +65,9 @@ def test_turns_go_in_arrival_order_and_places_count_down():
         assert seen == sorted(seen, reverse=True), n  # never moves back in line
 
 
-def test_only_one_turn_runs_at_a_time():
-    q = ForwardQueue(poll=0.01)
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_only_lanes_turns_run_at_a_time(lanes):
+    q = ForwardQueue(poll=0.01, lanes=lanes)
     inside, most = [0], [0]
     lock = threading.Lock()
 
@@ -76,7 +77,7 @@ def test_only_one_turn_runs_at_a_time():
                 with lock:
                     inside[0] += 1
                     most[0] = max(most[0], inside[0])
-                time.sleep(0.0005)
+                time.sleep(0.002)
                 with lock:
                     inside[0] -= 1
 
@@ -85,7 +86,7 @@ def test_only_one_turn_runs_at_a_time():
         t.start()
     for t in threads:
         t.join(30)
-    assert most[0] == 1
+    assert most[0] == lanes  # never more, and the lanes are used
     assert q.state().served == 120 and q.state().waiting == 0 and not q.state().running
 
 
@@ -152,3 +153,51 @@ def test_let_others_with_nobody_waiting_keeps_the_turn():
 def test_poll_is_validated():
     with pytest.raises(ValueError, match="poll"):
         ForwardQueue(poll=0)
+
+
+def test_with_two_lanes_places_count_the_lane_that_frees_first():
+    q = ForwardQueue(poll=0.01, lanes=2)
+    first = Holder(q, "first")
+    with q.turn("second"):  # a lane is free: no wait
+        assert q.state().waiting == 0
+
+        def third() -> None:
+            with q.turn("third"):
+                pass
+
+        t = threading.Thread(target=third)
+        t.start()
+        wait_until(lambda: q.state().waiting == 1)
+        assert q.place("third").ahead == 1  # whichever of the two running ends first
+        first.done()
+        t.join(10)
+        assert not t.is_alive()  # it ran beside "second", which still holds its lane
+    assert q.state().served == 3
+
+
+def test_each_lanes_thread_can_take_its_turn_again():
+    q = ForwardQueue(poll=0.01, lanes=2)
+    both = threading.Barrier(2)
+    seen: list[bool] = []
+
+    def work(name: str) -> None:
+        with q.turn(name):
+            both.wait(5)  # both hold a lane
+            with q.turn(name):  # nested: goes on at once, takes no third lane
+                seen.append(q.state().waiting == 0)
+            both.wait(5)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [True, True] and q.state().served == 2
+
+
+def test_lanes_are_validated_and_fit_the_cores():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="lanes must be a whole number >= 1"):
+            ForwardQueue(lanes=bad)
+    assert lanes_for(1, 16) == 16 and lanes_for(4, 16) == 4 and lanes_for(5, 16) == 3
+    assert lanes_for(32, 16) == 1 and lanes_for(0, 4) == 4

@@ -136,3 +136,35 @@ def test_threads_gathered_into_one_forward_get_their_own_tokens(tiny_lm):
     assert not errors
     assert [d.ids for d in together] == [d.ids for d in alone]
     assert gather.rows > gather.batches  # some forwards really were shared
+
+
+def test_sessions_in_lanes_decode_side_by_side_and_get_their_own_tokens(tiny_lm):
+    """With a lane each, sessions' forwards run at the same moment (each thread waits inside
+    its turn until all hold one) and each is the same computation as alone."""
+    alone, side = _decoders(tiny_lm, temperature=1.0), _decoders(tiny_lm, temperature=1.0)
+    for d in alone:
+        d.run(8)
+    q = ForwardQueue(poll=0.01, lanes=len(side))
+    all_in = threading.Barrier(len(side))
+    errors: list[BaseException] = []
+
+    def session(d: Decoder) -> None:
+        try:
+            for _ in range(8):
+                with q.turn(f"session {id(d)}"):
+                    all_in.wait(10)  # one lane short, and this times out
+                    d.step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=session, args=(d,)) for d in side]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert [d.ids for d in side] == [d.ids for d in alone]
+    for a, b in zip(side, alone, strict=True):  # the same bits, not only the same picks
+        assert all(torch.equal(x.cand_logits, y.cand_logits)
+                   for x, y in zip(a.trace.steps, b.trace.steps, strict=True))  # fmt: skip
+    assert q.state().served == 8 * len(side)
