@@ -20,7 +20,10 @@ whose keys are the variables' names in lower case without ``SEMVIZ_``; a variabl
 
 A bad value stops every page with one sentence that names it. Model work from every session
 takes turns through ``semviz.forward_queue.QUEUE``: :func:`model_turn` is what the app wraps
-around it, and shows a waiting session its place in the line.
+around it, and shows a waiting session its place in the line. The line has as many lanes as
+the cores hold forwards of torch's threads (set when the model loads, ``ui.model``): a server
+started with ``OMP_NUM_THREADS=1`` on 2 cores runs two sessions' forwards side by side, each
+the same computation as alone, so every session still gets exactly its own tokens.
 """
 
 from __future__ import annotations

@@ -295,7 +295,20 @@ def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
 # -- the queue on the page ---------------------------------------------------------------------------
 
 
-def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir):
+@pytest.fixture
+def one_lane(monkeypatch):
+    """The model's line with one lane whatever the cores, so another session's turn fills it."""
+    import ui.model
+    from semviz.forward_queue import QUEUE
+
+    monkeypatch.setattr(ui.model, "fit_lanes", lambda: None)
+    was = QUEUE.lanes
+    QUEUE.set_lanes(1)
+    yield QUEUE
+    QUEUE.set_lanes(was)
+
+
+def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, one_lane):
     from semviz.forward_queue import QUEUE, Place
 
     shown: list[int] = []
@@ -388,7 +401,9 @@ def test_dropping_a_run_frees_its_memory(tiny_lm):
     assert not sessions.drop_run(sess, "again")  # nothing left to drop: no second notice
 
 
-def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(monkeypatch, tiny_dir):
+def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(
+    monkeypatch, tiny_dir, one_lane
+):
     """The job's thread waits for the model without the session's lock, so the page's ticks
     neither wait for the line nor for the job; the page shows the job's place in the line."""
     from semviz.forward_queue import QUEUE
@@ -421,3 +436,30 @@ def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(monkeypatch
     assert sess.decoder.n_steps > n and j.place is None  # its turn came: it decodes on
     at.button(key="job_stop").click().run()
     assert runner.job(sess) is None
+
+
+def test_loading_the_model_gives_the_queue_a_lane_per_forwards_worth_of_cores(
+    monkeypatch, tiny_dir
+):
+    import torch
+
+    from semviz.forward_queue import QUEUE, cores, lanes_for
+    from ui.model import _load
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # a server started with OMP_NUM_THREADS=1
+        _load.clear()
+        at = app_test(monkeypatch, tiny_dir)
+        at.switch_page(GENERATE).run()
+        assert not at.exception
+        assert QUEUE.lanes == cores()  # one single-threaded forward per core
+        if cores() > 1:
+            torch.set_num_threads(cores())  # a forward that takes every core: one lane
+            _load.clear()
+            at.run()
+            assert QUEUE.lanes == 1
+    finally:
+        torch.set_num_threads(threads)
+        _load.clear()
+        QUEUE.set_lanes(lanes_for(threads))
