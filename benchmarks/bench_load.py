@@ -160,7 +160,8 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     cpu0, browsers0 = cpu_seconds(pid), browser_cpu_seconds(pid)
     # by key: while a script runs, Streamlit's header shows a "Stop" button of its own; the
     # job's Stop is drawn only while the job runs
-    stops = [p.locator(".st-key-job_stop button") for p in pages]
+    # (by role: Generate's Stop, sized to its text in a row of buttons, has a hidden copy)
+    stops = [p.locator(".st-key-job_stop").get_by_role("button") for p in pages]
     started = []
     for p in pages:
         p.get_by_role("button", name="Play", exact=True).click()
@@ -321,7 +322,12 @@ def report(res: dict) -> None:
                   f"{s['tok_s']:.2f} tok/s{early}; same as a Decoder alone: "
                   f"{s['same_as_decoder']}")  # fmt: skip
     r = res["ratios"]
+    from semviz.forward_queue import lanes_for
+
+    t = res["threads"]
+    lanes = lanes_for(t)  # what the server's queue takes on this machine (ui.model.fit_lanes)
     batch = "forwards shared between sessions" if res["batch_sessions"] else "forwards alone"
+    batch += f", {t} thread{'s' * (t > 1)} a forward, {lanes} lane{'s' * (lanes > 1)}"
     nice = f", tabs at niceness {res['browser_nice']}" if res["browser_nice"] else ""
     print(f"{res['sessions']} sessions together over one alone (mean of before and after), "
           f"{res['seconds']:.0f} s a phase, {batch}{nice}:")  # fmt: skip
@@ -341,7 +347,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=8, help=f"1 to {MAX_SESSIONS}")
     ap.add_argument("--seconds", type=float, default=60.0, help=f"a phase, 5 to {MAX_SECONDS}")
-    ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="the server's torch threads a forward; the model's queue runs as many "
+                    "forwards side by side as the cores hold")  # fmt: skip
     ap.add_argument(
         "--batch",
         action="store_true",
