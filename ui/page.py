@@ -211,8 +211,9 @@ def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True
     task runs; it returns True while it has more to do.
 
     ``stop``: draw Stop beside the progress (Generate draws it among its own buttons). Either
-    way it is drawn outside the fragment: a button that each tick redraws can be swapped for
-    its new copy between a press and its release, and that click was lost.
+    way it is drawn outside the fragment, so the ticks never redraw it: a button re-sent by
+    every tick could be swapped for its new copy between a press and its release, and the
+    load benchmark had to press Stop again at times.
     """
     sess = ctx.sess
     active = runner.job(sess) is not None
