@@ -224,19 +224,26 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         ctx.close()
 
 
-def press_stop_once(page, made) -> int:
-    """While the task streams, press its Stop once; return how many tokens it kept.
+def press_stop_once(page, made, title: str) -> int:
+    """While the task streams on page ``title``, press its Stop once; return how many tokens
+    it kept.
 
     The ticks redraw the progress and the strip but not Stop, so the button under the pointer
     is the same one from press to release (inside the ticking fragment it could be swapped for
-    its new copy in between, and the click was lost: a person had to press again)."""
+    its new copy in between). Checked: the same DOM node is there after a few more ticks."""
+
+    def ticks(k: int) -> None:
+        n, deadline = made(), time.time() + 300
+        while time.time() < deadline and made() < n + k:
+            time.sleep(0.2)
+        assert made() >= n + k, "the task did not stream"
+
+    page.wait_for_function(f"document.querySelector('h1')?.innerText.includes({title!r})")
+    ticks(5)  # the page has drawn (a page left behind can linger a moment, marked stale)
     # by role: a button sized to its text in a row also has a hidden copy, for measuring
     stop = page.locator(".st-key-job_stop").get_by_role("button")
-    handle = stop.element_handle(timeout=120_000)
-    n, deadline = made(), time.time() + 300
-    while time.time() < deadline and made() < n + 3:  # a few ticks have redrawn the page
-        time.sleep(0.3)
-    assert made() >= n + 3, "the task did not stream"
+    handle = stop.element_handle()
+    ticks(3)
     assert stop.count() == 1 and handle.evaluate("e => e.isConnected")
     handle.click()
     return int(wait_text(page, r"stopped after (\d+) tokens; they are kept", 30).group(1))
@@ -248,7 +255,7 @@ def test_stop_on_a_long_task(browser, app_url):
     ctx, page = open_page(browser, app_url, long)
     try:
         page.get_by_role("button", name="Run 400", exact=True).click()
-        kept = press_stop_once(page, lambda: len(tokens(page)))
+        kept = press_stop_once(page, lambda: len(tokens(page)), "Generate")
         n = wait_done(page)
         assert n == kept and 3 <= n < 400
         no_traceback(page)
@@ -263,7 +270,7 @@ def test_stop_on_a_long_task(browser, app_url):
             m = re.search(r"Run 400: (\d+) / 400 tokens", page.inner_text("body"))
             return int(m.group(1)) if m else 0
 
-        kept = press_stop_once(page, made)
+        kept = press_stop_once(page, made, "Thermodynamics")
         no_traceback(page)
         page.get_by_role("link", name="Generate").first.click()
         assert wait_done(page) == n + kept
