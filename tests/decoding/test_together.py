@@ -25,6 +25,24 @@ def _decoders(lm, **params) -> list[Decoder]:
     ]
 
 
+def in_threads(session, decoders: list[Decoder]) -> list[BaseException]:
+    """Run ``session(d)`` for every decoder, each in its own thread; the errors they raised."""
+    errors: list[BaseException] = []
+
+    def run(d: Decoder) -> None:
+        try:
+            session(d)
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in decoders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -116,24 +134,15 @@ def test_threads_gathered_into_one_forward_get_their_own_tokens(tiny_lm):
         feed_together(decoders)
 
     gather = Gather(ForwardQueue(), slow_feed)
-    errors: list[BaseException] = []
     start = threading.Barrier(len(together))
 
     def session(d: Decoder) -> None:
-        try:
-            start.wait(10)
-            for _ in range(8):
-                gather.submit(d)
-                d.step()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        start.wait(10)
+        for _ in range(8):
+            gather.submit(d)
+            d.step()
 
-    threads = [threading.Thread(target=session, args=(d,)) for d in together]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    assert not in_threads(session, together)
     assert [d.ids for d in together] == [d.ids for d in alone]
     assert gather.rows > gather.batches  # some forwards really were shared
 
@@ -146,23 +155,14 @@ def test_sessions_in_lanes_decode_side_by_side_and_get_their_own_tokens(tiny_lm)
         d.run(8)
     q = ForwardQueue(poll=0.01, lanes=len(side))
     all_in = threading.Barrier(len(side))
-    errors: list[BaseException] = []
 
     def session(d: Decoder) -> None:
-        try:
-            for _ in range(8):
-                with q.turn(f"session {id(d)}"):
-                    all_in.wait(10)  # one lane short, and this times out
-                    d.step()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(8):
+            with q.turn(f"session {id(d)}"):
+                all_in.wait(10)  # one lane short, and this times out
+                d.step()
 
-    threads = [threading.Thread(target=session, args=(d,)) for d in side]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    assert not in_threads(session, side)
     assert [d.ids for d in side] == [d.ids for d in alone]
     for a, b in zip(side, alone, strict=True):  # the same bits, not only the same picks
         assert all(torch.equal(x.cand_logits, y.cand_logits)
