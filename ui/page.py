@@ -224,10 +224,11 @@ def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True
         return
 
     every = tick_every()
-    where = st.container()
     if active and stop:
         where, right = st.columns([6, 1], vertical_alignment="center")
-        stop_button(ctx.sess, right)
+        stop_button(sess, right)
+    else:
+        where = st.container()
 
     @st.fragment(run_every=every)
     def _panel() -> None:

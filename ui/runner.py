@@ -513,9 +513,10 @@ def tick(
     """Advance the job for about ``seconds`` (at least one token) until its background
     thread decodes; True once it has ended.
 
-    Once that thread decodes, a tick only hands it the current settings and keeps it alive: the page then draws without waiting for the model, whose line may be
-    long on a shared server (a tick that waited there held the page for seconds, and the
-    browser redrew its place in line every quarter second).
+    Once that thread decodes, a tick only hands it the current settings and keeps it alive:
+    the page then draws without waiting for the model, whose line may be long on a shared
+    server (a tick that waited there held the page for seconds, and the browser redrew its
+    place in line every quarter second).
 
     ``status(message)`` wraps the prefill (the page shows a spinner with the message).
     Errors end the job and propagate; the decoder keeps every completed step.
