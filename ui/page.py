@@ -122,8 +122,8 @@ def token_texts(tokenizer, ids: tuple[int, ...]) -> list[str]:
 def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
     """Draw the page title and the shared header; return the page's context.
 
-    ``header``: draw the long task's progress (with Stop), the status line and the what-if
-    banner here. Generate passes False and draws them itself, below its prompt and buttons
+    ``header``: draw the long task's progress (with Stop), the status line (which ticks with
+    the task) and the what-if banner here. Generate passes False and draws them itself, below its prompt and buttons
     and around its token strip, so the strip streams.
     """
     st.title(f"{icon} {title}".strip())
@@ -149,14 +149,12 @@ def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
     if runner.job(sess) is not None:  # e.g. the linked run: the full run at its end shows
         nav.keep_link_notes(st.session_state)  # the link's notes again (taken by the sidebar)
     messages(ctx)
-    if header:
-        job_panel(ctx)
+    if header:  # the status line streams with the task's ticks, its step count with them
+        job_panel(ctx, body=lambda: status_line(ctx))
     share_url(ctx)
     ctx.update_whatif()
-    if header:
-        status_line(ctx)
-        if not err2:
-            whatif_banner(ctx)
+    if header and not err2:
+        whatif_banner(ctx)
     return ctx
 
 

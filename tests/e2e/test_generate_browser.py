@@ -270,6 +270,15 @@ def test_stop_on_a_long_task(browser, app_url):
             m = re.search(r"Run 400: (\d+) / 400 tokens", page.inner_text("body"))
             return int(m.group(1)) if m else 0
 
+        def status_steps() -> int:  # the status line: "… · **N** steps · working…"
+            return int(re.search(r"(\d+) steps · working", page.inner_text("body")).group(1))
+
+        page.wait_for_function("document.querySelector('h1')?.innerText.includes('Thermo')")
+        page.wait_for_function("document.body.innerText.includes('working')")
+        first, k, deadline = status_steps(), made(), time.time() + 300
+        while made() < k + 3 and time.time() < deadline:
+            time.sleep(0.2)
+        assert status_steps() > first  # it ticks with the task, not only when it ends
         kept = press_stop_once(page, made, "Thermodynamics")
         no_traceback(page)
         page.get_by_role("link", name="Generate").first.click()
