@@ -188,8 +188,9 @@ def replay_steps(
         rec = trace.steps[i]
         g = rec.gravity if gravities is None else gravities[i]
         res = sampling.prune(
-            rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse
-        )
+            rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse,
+            raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
+        )  # fmt: skip
         idx = _pick(rec, res)
         if res.n_kept == rec.cand_ids.numel() and rec.final_tail_mass > 0:
             # every recorded candidate survived, so the unrecorded tail the live run kept

@@ -145,6 +145,7 @@ def prune(
     gravity: Tensor | None = None,
     state: SamplerState | None = None,
     tail_logsumexp: float | Tensor | None = None,
+    raw_moments: tuple[float, float] | None = None,
 ) -> PruneResult:
     """Run one step of the chain over an index set and record every stage.
 
@@ -156,6 +157,9 @@ def prune(
     state : per-sequence state (mirostat mu, histories); read, not modified here:
         :func:`choose` advances it.
     tail_logsumexp : logsumexp of every logit NOT in the set, when ``logits`` is a subset.
+    raw_moments : the full vocabulary's raw (entropy, varentropy) in nats, when the caller
+        knows them (a recorded step does): used instead of the subset's lower bound, for the
+        result, the fallback rule and the state's entropy history.
 
     With a subset, raw probabilities are exact (the tail's mass is known) and the raw
     entropy/varentropy treat the tail as one lumped outcome, a lower bound. The tail is then
@@ -176,6 +180,8 @@ def prune(
     """
     x = _check_logits(logits)  # (K,)
     w = _raw(x, tail_logsumexp)
+    if raw_moments is not None:
+        w.h_raw, w.v_raw = (torch.tensor(float(m)) for m in raw_moments)
     g = _check_gravity(gravity, x)
     dominance = None
     if g is not None and params.gravity_lambda != 0.0:

@@ -107,6 +107,11 @@ def test_replay_with_the_recorded_settings_reproduces_every_pick(tiny_lm, params
     r = replay(d.trace, params)
     assert r.token_ids == d.trace.token_ids
     assert r.first_diff is None
+    # the raw entropy is the full vocabulary's, as recorded, not the 64 candidates' lower bound
+    # (every view that shows a step's entropy under the sliders reads it from here)
+    assert all(s.cand_ids.numel() < tiny_lm.model.config.vocab_size for s in d.trace.steps)
+    assert [x.entropy_raw for x in r.results] == [s.entropy for s in d.trace.steps]
+    assert [x.varentropy_raw for x in r.results] == [s.varentropy for s in d.trace.steps]
 
 
 # -- the strict schema -------------------------------------------------------------------------
