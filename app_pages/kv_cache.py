@@ -57,8 +57,9 @@ if page.need_trace(ctx):
     )
     last = tr.steps[-1]
     st.caption(
-        f"Last step: {last.cache_len} cached positions, {last.cache_bytes / 1024:.1f} KiB; "
-        f"the formula gives {bpt} bytes per token."
+        f"Last step: its query read {last.cache_len} cached positions; after the step's "
+        f"eviction the cache holds {last.cache_bytes / 1024:.1f} KiB "
+        f"({last.cache_bytes / bpt:g} positions' worth at the formula's {bpt} bytes per token)."
     )
 
 st.divider()

@@ -69,12 +69,21 @@ st.latex(
 if dec is not None and ctx.steps:
     last = dec.trace.steps[-1]
     predicted = bpt * last.cache_len
-    ok = "matches" if predicted == last.cache_bytes else "differs from"
-    st.write(
-        f"At the last step the cache holds **{last.cache_len}** positions: formula "
-        f"{predicted:,} bytes {ok} the measured **{last.cache_bytes:,}** bytes "
-        f"({summary['num_heads']} query heads share {summary['num_kv_heads']} KV heads)."
-    )
+    heads = f"({summary['num_heads']} query heads share {summary['num_kv_heads']} KV heads)"
+    if predicted != last.cache_bytes and last.eviction is not None:
+        # the record's positions are those the step's query read; its bytes, the cache after
+        # the step's eviction
+        st.write(
+            f"At the last step the query read **{last.cache_len}** positions (formula: "
+            f"{predicted:,} bytes); the cache policy then evicted, leaving the measured "
+            f"**{last.cache_bytes:,}** bytes, {last.cache_bytes / bpt:g} positions' worth {heads}."
+        )
+    else:
+        ok = "matches" if predicted == last.cache_bytes else "differs from"
+        st.write(
+            f"At the last step the cache holds **{last.cache_len}** positions: formula "
+            f"{predicted:,} bytes {ok} the measured **{last.cache_bytes:,}** bytes {heads}."
+        )
 
 st.subheader("4 · Prefill time vs prompt length")
 limit = min(lm.max_context - 1, 2048, server.config().max_prompt_tokens or 2048)

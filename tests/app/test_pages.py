@@ -224,7 +224,22 @@ def test_kv_policy_run_and_kv_eval(app):
     app.switch_page("app_pages/kv_cache.py").run()
     assert not app.exception
     tr = app.session_state["semviz"].decoder.trace
-    assert tr.steps[-1].cache_len <= 17
+    last = tr.steps[-1]
+    assert last.cache_len == 17  # the budget and this step's token, read by its query
+    bpt = last.cache_bytes // 16  # after the step's eviction: the budget's 16 positions
+    assert last.cache_bytes == 16 * bpt
+    caption = [c.value for c in app.caption if c.value.startswith("Last step")]
+    assert caption == [
+        f"Last step: its query read 17 cached positions; after the step's eviction the cache "
+        f"holds {16 * bpt / 1024:.1f} KiB (16 positions' worth at the formula's {bpt} bytes per "
+        "token)."
+    ]
+    app.switch_page("app_pages/pipeline.py").run()
+    said = " ".join(m.value for m in app.markdown)
+    assert "At the last step the query read **17** positions" in said
+    assert f"leaving the measured **{16 * bpt:,}** bytes, 16 positions' worth" in said
+    assert "differs from" not in said
+    app.switch_page("app_pages/kv_cache.py").run()
     app.number_input(key="kve_tokens").set_value(32)
     app.multiselect(key="kve_policies").set_value(["window", "h2o"])
     app.text_input(key="kve_budgets").input("8, 16")
