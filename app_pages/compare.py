@@ -96,9 +96,22 @@ def results() -> None:
         return
     state = "running…" if job["running"] else ("stopped" if res.stopped else "done")
     fd = res.first_divergence()
-    st.progress(min(res.steps / max(res.target, 1), 1.0))
+    # per side: a side that ended early (the model chose EOS) is finished, not behind
+    ended = [t.stop_reason not in (None, "max_new_tokens") for t in res.traces]
+    made = [len(t.steps) for t in res.traces]
+    st.progress(
+        sum(
+            1.0 if e else min(n / max(res.target, 1), 1.0) for n, e in zip(made, ended, strict=True)
+        )
+        / max(len(made), 1)
+    )
+    sides = [
+        f"{side.label}: {n} of {res.target} tokens" + (f" ({t.stop_reason})" if e else "")
+        for side, t, n, e in zip(res.sides, res.traces, made, ended, strict=True)
+    ]
     st.caption(
-        f"{res.steps} of {res.target} tokens per side · {state} · first divergence: "
+        " · ".join(sides)
+        + f" · {state} · first divergence: "
         + ("none" if fd is None else f"step {fd}")
     )
     texts = [[s.token_text for s in t.steps] for t in res.traces]

@@ -284,3 +284,29 @@ def test_pipeline_measures_prefill(generated):
     assert not at.exception
     assert at.session_state["semviz"].prefill_scan is not None
     assert len(at.get("plotly_chart")) >= 3
+
+
+def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
+    app.session_state["s_chat"] = False
+    app.switch_page("app_pages/compare.py").run()
+    app.number_input(key="cmp_steps").set_value(6)
+    app.button(key="cmp_run").click().run()
+    job = app.session_state["semviz"].extra["compare"]
+    for _ in range(100):  # each tick of the fragment decodes for a moment
+        if not job["running"]:
+            break
+        app.run()
+    assert not app.exception, app.exception
+    res = job["result"]
+    a, b = (s.label for s in res.sides)
+    said = [c.value for c in app.caption if "first divergence" in c.value]
+    assert len(said) == 1 and said[0].startswith(
+        f"{a}: 6 of 6 tokens · {b}: 6 of 6 tokens · done · first divergence: "
+    ), said
+    # a side the model ended early (EOS) counts as finished, and says why it has fewer
+    res.traces[1].steps = res.traces[1].steps[:4]
+    res.traces[1].stop_reason = "eos"
+    app.run()
+    said = [c.value for c in app.caption if "first divergence" in c.value]
+    assert said[0].startswith(f"{a}: 6 of 6 tokens · {b}: 4 of 6 tokens (eos) · done"), said
+    assert [p.proto.value for p in app.get("progress")] == [100]
