@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from semviz import charts
+from semviz import charts, style
 from ui import page, views
 
 ctx = page.context("Distributions")
@@ -53,7 +53,7 @@ if page.need_trace(ctx):
         views.chart(charts.waterfall_figure(wf), key="dist_waterfall")
         n_kept = res.n_kept if res is not None else rec.n_kept
         st.caption(
-            f"{n_kept:,} candidates kept at the end; the recorded set holds "
+            f"{style.count(n_kept, 'candidate')} kept at the end; the recorded set holds "
             f"{rec.cand_ids.numel():,}. Each bar is the share of the mass entering that filter "
             "that it removed."
         )

@@ -4,7 +4,7 @@ alternatives, click one to branch), the what-if ghost text, branches, each step'
 import numpy as np
 import streamlit as st
 
-from semviz import charts, escape
+from semviz import charts, escape, style
 from semviz.style import display_token
 from ui import page, runner, views
 from ui.errors import message
@@ -152,7 +152,9 @@ def live() -> None:
     bits = [f"model **{name}**", f"{len(tr.prompt_ids)} prompt tokens"]
     if isinstance(dec, runner.TraceRun) and dec.source:
         bits.append(f"recorded run **{escape.markdown(dec.source)}**: no model run")
-    st.caption(" · ".join([*bits, f"**{len(tr.steps)} tokens generated · {state}**"]))
+    st.caption(
+        " · ".join([*bits, f"**{style.count(len(tr.steps), 'token')} generated · {state}**"])
+    )
     if runner.is_stale(sess, settings) and j is None:
         st.info(
             "The prompt, model, seed or cache policy changed: the next **Step** starts a new "

@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 MAX_SESSIONS, MAX_SECONDS = 16, 300
 CLOSED_SECONDS = 5  # the server drops a closed tab's run this long after it closed
-GENERATED = re.compile(r"(\d+) tokens generated")
-ENDED = re.compile(r"tokens generated · stopped")  # the run ended by itself (EOS, a limit)
+GENERATED = re.compile(r"(\d+) tokens? generated")
+ENDED = re.compile(r"tokens? generated · stopped")  # the run ended by itself (EOS, a limit)
 PHASES = ("alone_before", "together", "alone_after")
 # a plain continuation (no chat template): a chat answer ends with EOS after a sentence or two,
 # which would stop a session long before its phase is over

@@ -73,6 +73,7 @@ __all__ = [
     "VARENTROPY",
     "WHATIF",
     "app_css",
+    "count",
     "chip_background",
     "display_token",
     "policy_color",
@@ -173,6 +174,15 @@ def chip_background(k: int) -> str:
 _SPECIAL = re.compile(r"<\|([^<>|\s]{1,40})\|>")
 _NAMED = {"<s>", "</s>", "<unk>", "<pad>", "<bos>", "<eos>"}
 _GLYPHS = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and its noun, singular for one, with thousands separators.
+
+    >>> count(1, "token"), count(1200, "candidate")
+    ('1 token', '1,200 candidates')
+    """
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def mark_specials(text: str) -> str:

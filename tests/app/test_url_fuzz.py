@@ -203,7 +203,7 @@ def test_a_linked_run_keeps_its_notes_on_screen_until_it_has_ended(tiny_dir):
         if working(at):  # it ended in its thread after that run: the next run shows the end
             assert "chat=" in " ".join(link_notes(at))
             at.run()
-        assert not working(at) and "tokens generated · " in " ".join(c.value for c in at.caption)
+        assert not working(at) and " generated · " in " ".join(c.value for c in at.caption)
         assert "chat=" in " ".join(link_notes(at))
         at.run()
         assert not link_notes(at), link_notes(at)

@@ -87,7 +87,7 @@ def click(page, name: str) -> None:
 
 def wait_ready(page, n: int, timeout: float = 600.0) -> None:
     deadline = time.time() + timeout
-    pat = re.compile(rf"\b{n} tokens generated · (ready|stopped)")
+    pat = re.compile(rf"\b{n} tokens? generated · (ready|stopped)")
     while time.time() < deadline:
         if pat.search(page.inner_text("body")):
             wait_idle(page)

@@ -60,7 +60,7 @@ def wait_text(page, pattern: str, timeout: float = 600.0) -> re.Match:
 def wait_done(page, n: int | None = None, timeout: float = 600.0) -> int:
     """Wait for a settled run (no task running); return its length."""
     num = r"\d+" if n is None else str(n)
-    m = wait_text(page, rf"\b({num}) tokens generated · (ready|stopped)", timeout)
+    m = wait_text(page, rf"\b({num}) tokens? generated · (ready|stopped)", timeout)
     return int(m.group(1))
 
 
