@@ -284,6 +284,13 @@ def test_pipeline_measures_prefill(generated):
     assert not at.exception
     assert at.session_state["semviz"].prefill_scan is not None
     assert len(at.get("plotly_chart")) >= 3
+    # characters per token of the typed text, not of the text plus the chat template's tokens
+    settings = at.session_state["settings"]
+    lm = at.session_state["semviz"].decoder.lm
+    typed = len(lm.tokenizer(settings.prompt, add_special_tokens=False)["input_ids"])
+    got = {m.label: m.value for m in at.metric}
+    assert settings.chat and got["characters per token"] == f"{len(settings.prompt) / typed:.2f}"
+    assert int(got["tokens (model input)"].replace(",", "")) > typed  # the template's tokens
 
 
 def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
