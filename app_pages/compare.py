@@ -117,13 +117,13 @@ def results() -> None:
     texts = [[s.token_text for s in t.steps] for t in res.traces]
     left, right = cmp.diff_html(*texts)
     c1, c2 = st.columns(2)
-    for col, side, body in ((c1, res.sides[0], left), (c2, res.sides[1], right)):
-        col.markdown(f"**{side.label}**")
+    for col, name, side, body in ((c1, "A", res.sides[0], left), (c2, "B", res.sides[1], right)):
+        col.markdown(f"**{name}** · `{side.label}`")
         col.html(body)
-    rows = []
-    for side, m in zip(res.sides, res.metrics(), strict=True):
+    rows = []  # the table's columns are A and B: a side's spec can be too long for a header
+    for name, m in zip("AB", res.metrics(), strict=False):
         d = m.to_dict()
-        rows.append({"side": side.label, **{METRIC_INFO[k][0]: d[k] for k in METRIC_INFO}})
+        rows.append({"side": name, **{METRIC_INFO[k][0]: d[k] for k in METRIC_INFO}})
     st.dataframe(pd.DataFrame(rows).set_index("side").T, width="stretch")
     st.plotly_chart(cmp.comparison_figure(res), key="cmp_figure", config={"displaylogo": False})
 
