@@ -123,8 +123,8 @@ def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
     """Draw the page title and the shared header; return the page's context.
 
     ``header``: draw the long task's progress (with Stop), the status line (which ticks with
-    the task) and the what-if banner here. Generate passes False and draws them itself, below its prompt and buttons
-    and around its token strip, so the strip streams.
+    the task) and the what-if banner here. Generate passes False and draws them itself,
+    below its prompt and buttons and around its token strip, so the strip streams.
     """
     st.title(f"{icon} {title}".strip())
     from ui import controls
