@@ -26,7 +26,7 @@ $(STAMP): requirements.txt pyproject.toml
 venv: $(STAMP)
 
 model: $(STAMP)
-	$(BIN)/python -c "from semviz.model import ensure_default_converted as c; print('model cache:', c(lambda m, f: print(m)))"
+	$(BIN)/python -c "from semviz.model.load import ensure_default_converted as c; print('model cache:', c(lambda m, f: print(m)))"
 
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium fonts-dejavu-core)

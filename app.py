@@ -19,8 +19,8 @@ from ui import nav
 from ui.locks import page_lock
 
 WARM = "semviz-warm-imports"
-# what every page but Home needs: torch and transformers (ui.runner), plotly (semviz.charts)
-HEAVY = ("ui.runner", "semviz.charts", "ui.views")
+# what every page but Home needs: torch and transformers (ui.runner), plotly (semviz.output.charts)
+HEAVY = ("ui.runner", "semviz.output.charts", "ui.views")
 
 
 def _warm_imports() -> None:

@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from semviz import charts, gravity
+from semviz import gravity
+from semviz.output import charts
 from ui import page, views
 from ui.errors import guard
 

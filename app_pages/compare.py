@@ -1,16 +1,16 @@
 """Compare: two settings on the sidebar's prompt and seed, side by side on one step axis.
 
 Each side is a spec as in ``python -m semviz compare`` (a preset, ``plain``, or
-``key=value`` overrides). ``semviz.compare.advance`` decodes both sides, as rows of one
+``key=value`` overrides). ``semviz.analysis.compare.advance`` decodes both sides, as rows of one
 forward, in short ticks, so Stop answers within a tick and keeps every token made so far.
 """
 
 import pandas as pd
 import streamlit as st
 
-from semviz import compare as cmp
-from semviz.decoding import encode_prompt
-from semviz.metrics import METRIC_INFO
+from semviz.analysis import compare as cmp
+from semviz.analysis.metrics import METRIC_INFO
+from semviz.decoding.decoder import encode_prompt
 from ui import page, server
 from ui.errors import message
 

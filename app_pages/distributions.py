@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from semviz import charts, style
+from semviz.output import charts, style
 from ui import page, views
 
 ctx = page.context("Distributions")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from semviz import frontier as fr
+from semviz.frontier import sweep as fr
 from ui import page, server
 from ui.errors import message
 
@@ -169,7 +169,7 @@ def _worker(lm, cfg: fr.SweepConfig, out: str, state: dict) -> None:
 
 
 def _start() -> None:
-    from semviz.compare import parse_side
+    from semviz.analysis.compare import parse_side
 
     ss = st.session_state
     job.update(error=None, result=None, stop=False, progress=None)

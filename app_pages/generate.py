@@ -4,8 +4,8 @@ alternatives, click one to branch), the what-if ghost text, branches, each step'
 import numpy as np
 import streamlit as st
 
-from semviz import charts, escape, style
-from semviz.style import display_token
+from semviz.output import charts, escape, style
+from semviz.output.style import display_token
 from ui import page, runner, views
 from ui.errors import message
 

@@ -10,10 +10,10 @@ import time
 import pandas as pd
 import streamlit as st
 
-from semviz import charts
-from semviz.decoding import encode_prompt
+from semviz.decoding.decoder import encode_prompt
 from semviz.eviction import POLICIES, KVEval, parse_budgets, teacher_forced_ids
-from semviz.forward import kv_bytes_per_token
+from semviz.model.forward import kv_bytes_per_token
+from semviz.output import charts
 from ui import page, server
 from ui.errors import message
 

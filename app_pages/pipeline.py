@@ -5,9 +5,9 @@ import html
 import numpy as np
 import streamlit as st
 
-from semviz import charts, style
-from semviz.decoding import encode_prompt
-from semviz.forward import kv_bytes_per_token, prefill_scan
+from semviz.decoding.decoder import encode_prompt
+from semviz.model.forward import kv_bytes_per_token, prefill_scan
+from semviz.output import charts, style
 from ui import page, server, views
 from ui.errors import guard
 

@@ -12,7 +12,7 @@ import html
 
 import streamlit as st
 
-from semviz import charts, report
+from semviz.output import charts, report
 from ui import page as ui_page
 from ui import views, whatif
 from ui.errors import guard

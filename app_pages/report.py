@@ -1,6 +1,6 @@
 """Report: the views a report holds, for the current run or a saved trace; build and download.
 
-The charts are ``semviz.report.views`` (the same list ``python -m semviz report`` writes), so a
+The charts are ``semviz.output.report.views`` (the same list ``python -m semviz report`` writes), so a
 trace reloaded here shows exactly what its report shows. Building writes report.html, one
 PNG per chart, trace.json and trace.parquet and offers them as one zip. Stop ends the PNG
 export after the current image; what was made is kept and can still be downloaded.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from semviz import escape, report
-from semviz.metrics import METRIC_INFO, run_metrics
-from semviz.trace import Trace, TraceError
+from semviz.analysis.metrics import METRIC_INFO, run_metrics
+from semviz.output import escape, report
+from semviz.output.trace import Trace, TraceError
 from ui import page, server, views
 
 ctx = page.context("Report")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from semviz import charts
+from semviz.output import charts
 from ui import page, views
 
 ctx = page.context("Thermodynamics")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from semviz import charts
+from semviz.output import charts
 from ui import page, tour, views
 
 ctx = page.context("Tour 1 · The baseline chain")

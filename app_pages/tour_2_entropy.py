@@ -4,7 +4,7 @@ import math
 
 import streamlit as st
 
-from semviz import charts
+from semviz.output import charts
 from ui import page, tour, views
 
 ctx = page.context("Tour 2 · Log entropy only")

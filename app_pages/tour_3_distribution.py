@@ -4,7 +4,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from semviz import charts, style
+from semviz.output import charts, style
 from ui import page, tour, views
 
 ctx = page.context("Tour 3 · Watch its distribution")

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from semviz.metrics import METRIC_INFO
+from semviz.analysis.metrics import METRIC_INFO
 from ui import page, tour
 
 ctx = page.context("Tour 5 · A/B: latency and quality")

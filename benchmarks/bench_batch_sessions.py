@@ -37,8 +37,8 @@ def run(args) -> None:
 
     import semviz
     from semviz import Decoder, DecodeSettings
-    from semviz.decoding import feed_together
-    from semviz.forward_queue import ForwardQueue, Gather
+    from semviz.decoding.together import feed_together
+    from semviz.model.queue import ForwardQueue, Gather
     from ui.state import Settings
 
     lm = semviz.load_model(device="cpu")

@@ -189,7 +189,7 @@ def slider_moves(browser, steps: int, moves: int) -> dict:
 
 
 def long_prompt(n_tokens: int) -> str:
-    from semviz.model import load_model
+    from semviz.model.load import load_model
 
     tok = load_model().tokenizer
     text = (ROOT / "data" / "pride_and_prejudice_ch1-3.txt").read_text()
@@ -241,7 +241,7 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from semviz.report import BROWSER_ARGS, chromium_path
+    from semviz.output.report import BROWSER_ARGS, chromium_path
 
     if args.url:
         BASE, proc = args.url.rstrip("/"), None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from semviz.model import load_model
+from semviz.model.load import load_model
 
 TEXT = Path(__file__).resolve().parent.parent / "data" / "pride_and_prejudice_ch1-3.txt"
 

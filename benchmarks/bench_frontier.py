@@ -44,11 +44,11 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import semviz
-    from semviz.batched import continuation_nll, generate_batch
-    from semviz.compare import parse_side
-    from semviz.decoding import encode_prompt
-    from semviz.frontier import load_prompts
-    from semviz.judge import load_judge
+    from semviz.analysis.compare import parse_side
+    from semviz.analysis.judge import load_judge
+    from semviz.decoding.decoder import encode_prompt
+    from semviz.frontier.batched import continuation_nll, generate_batch
+    from semviz.frontier.sweep import load_prompts
 
     lm = semviz.load_model()
     judge = load_judge()

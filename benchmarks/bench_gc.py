@@ -52,7 +52,7 @@ def main() -> int:
 
     import importlib
 
-    for name in ("ui.runner", "semviz.charts", "ui.views"):  # app.py's HEAVY
+    for name in ("ui.runner", "semviz.output.charts", "ui.views"):  # app.py's HEAVY
         importlib.import_module(name)
     from semviz import Decoder, DecodeSettings, load_model
 

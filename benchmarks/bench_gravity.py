@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 import semviz  # noqa: E402
-from semviz.decoding import Decoder, DecodeSettings  # noqa: E402
+from semviz.decoding.decoder import Decoder, DecodeSettings  # noqa: E402
 from semviz.gravity import FIRST_GRAVITY  # noqa: E402
 from semviz.sampling import PruneParams  # noqa: E402
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from semviz.model import load_model
+    from semviz.model.load import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

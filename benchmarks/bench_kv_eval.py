@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from semviz import eviction as ev
-    from semviz.model import load_model
+    from semviz.model.load import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -322,7 +322,7 @@ def report(res: dict) -> None:
                   f"{s['tok_s']:.2f} tok/s{early}; same as a Decoder alone: "
                   f"{s['same_as_decoder']}")  # fmt: skip
     r = res["ratios"]
-    from semviz.forward_queue import lanes_for
+    from semviz.model.queue import lanes_for
 
     t = res["threads"]
     lanes = lanes_for(t)  # what the server's queue takes on this machine (ui.model.fit_lanes)

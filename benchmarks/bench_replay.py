@@ -15,8 +15,8 @@ import statistics
 import time
 
 from semviz import load_model
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.replay import replay
+from semviz.analysis.replay import replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
 
 

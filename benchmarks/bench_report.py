@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import semviz
-from semviz import report
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.presets import PRESETS
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output import report
+from semviz.sampling.presets import PRESETS
 
 
 def main() -> None:

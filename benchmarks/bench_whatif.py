@@ -1,7 +1,7 @@
 """How long the app's server side takes to re-render the what-if views after a slider move.
 
 A 128-step trace is generated once on the model (default: the real default model). Each
-"slider move" then times what a rerun does with no model run: ``semviz.replay`` of every
+"slider move" then times what a rerun does with no model run: ``semviz.analysis.replay`` of every
 recorded step with the new settings, plus building and serialising the figures of the views
 that follow the sliders (Generate's alternatives, Distributions' stages / waterfall / rank
 shifts, Thermodynamics' three charts, Pipeline's chain). Prints the median (target < 300 ms).
@@ -17,9 +17,9 @@ import statistics
 import time
 
 import semviz
-from semviz import charts
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.replay import replay
+from semviz.analysis.replay import replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output import charts
 from semviz.sampling import PruneParams
 
 

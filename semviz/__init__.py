@@ -13,19 +13,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from semviz.model import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
+from semviz.model.load import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
 
 if TYPE_CHECKING:
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.output.trace import Trace
     from semviz.sampling import PruneParams
-    from semviz.trace import Trace
 
 # public name -> the module that defines it
 _LAZY = {
-    "Decoder": "semviz.decoding",
-    "DecodeSettings": "semviz.decoding",
+    "Decoder": "semviz.decoding.decoder",
+    "DecodeSettings": "semviz.decoding.decoder",
     "PruneParams": "semviz.sampling",
-    "Trace": "semviz.trace",
+    "Trace": "semviz.output.trace",
 }
 
 __all__ = [

@@ -909,7 +909,7 @@ def gravity_for_step(
 def trace_context(
     trace: Any, i: int, *, hidden: Tensor | None = None, ema: Tensor | None = None
 ) -> GravityContext:
-    """The :class:`GravityContext` of step ``i`` of a recorded trace (``semviz.trace.Trace``)."""
+    """The :class:`GravityContext` of step ``i`` of a recorded trace (``semviz.output.trace.Trace``)."""
     rec = trace.steps[i]
     ids = torch.tensor(trace.prompt_ids + [s.token_id for s in trace.steps[:i]], dtype=torch.long)
     roles = (getattr(trace, "extra", None) or {}).get("prompt_roles")

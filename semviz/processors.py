@@ -505,7 +505,7 @@ def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
 def capture_attention(model: torch.nn.Module) -> Iterator:
     """Collect each forward's last-query attention while the block runs, for ``generate``.
 
-    Yields a :class:`semviz.capture.AttentionSink` whose ``stacked()`` is ``(L, B, H, S)``
+    Yields a :class:`semviz.model.capture.AttentionSink` whose ``stacked()`` is ``(L, B, H, S)``
     for the latest forward. The model is switched to semviz's capturing sdpa (plain sdpa
     for every call without a sink), and a forward pre-hook that hands the sink to each call
     is added on entry and removed in ``finally``.
@@ -517,7 +517,7 @@ def capture_attention(model: torch.nn.Module) -> Iterator:
     ...                                            attention_sink=sink)
     ...     model.generate(ids, do_sample=True, logits_processor=[proc])
     """
-    from semviz.capture import AttentionSink, enable_capture
+    from semviz.model.capture import AttentionSink, enable_capture
 
     enable_capture(model)
     sink = AttentionSink()
@@ -587,7 +587,7 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
     Every argument left ``None`` takes :class:`~semviz.sampling.PruneParams`' default, so
     ``NarrativeGravityLogitsProcessor(lm, 0.5)`` is the default gravity at λ 0.5 (coherence
     boosting; with only an ``embedding`` matrix, a pull), and each
-    row's ``G`` is the one the :class:`~semviz.decoding.Decoder` computes for the same context
+    row's ``G`` is the one the :class:`~semviz.decoding.decoder.Decoder` computes for the same context
     (:func:`semviz.gravity.context_pull`). See :mod:`semviz.gravity` for the kinds, anchors,
     mass sources and spaces. ``from_params`` builds one from a ``PruneParams``.
 

@@ -63,7 +63,7 @@ FAMILIES = {
     ),
 }
 
-# families semviz refuses to load (see semviz.model.unsupported_reason)
+# families semviz refuses to load (see semviz.model.load.unsupported_reason)
 REFUSED = {
     # attention and output logits soft-capped
     "gemma2": Family("Gemma2Config", "Gemma2ForCausalLM", {**TINY, "head_dim": 16}),
@@ -120,7 +120,7 @@ def save_tiny(
 @pytest.fixture(scope="session")
 def tokenizer_dir():
     """The converted default model's folder (tokenizer + config), converting it once if needed."""
-    from semviz.model import ensure_default_converted
+    from semviz.model.load import ensure_default_converted
 
     return ensure_default_converted()
 

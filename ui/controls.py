@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from semviz.model import DEFAULT_MODEL
-from semviz.presets import PRESETS
+from semviz.model.load import DEFAULT_MODEL
+from semviz.sampling.presets import PRESETS
 from ui import kv, nav, server, sessions
 from ui.state import (
     IMPOSED,

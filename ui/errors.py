@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import streamlit as st
 
-from semviz.decoding import PromptError
-from semviz.model import ModelLoadError
-from semviz.trace import TraceError
+from semviz.decoding.decoder import PromptError
+from semviz.model.load import ModelLoadError
+from semviz.output.trace import TraceError
 
 USER_ERRORS = (ModelLoadError, PromptError, TraceError, ValueError)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the front door lists the examples without importing torch
-    from semviz.trace import Trace
+    from semviz.output.trace import Trace
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "examples"
 
@@ -57,7 +57,7 @@ def available() -> list[Example]:
 def load(name: str) -> Trace:
     """The example trace ``name`` (a file name from :func:`available`); ``TraceError`` if not
     readable. Parsed afresh each time, so a session never shares a trace with another."""
-    from semviz.trace import Trace
+    from semviz.output.trace import Trace
 
     if "/" in name or "\\" in name or not name.endswith(".json"):
         raise ValueError(f"{name!r} is not an example name.")

@@ -1,6 +1,6 @@
 """The shared model: loaded once per process and model, read-only, for every session.
 
-Names are normalised first (``semviz.model.model_key``), so ``dir`` and ``dir/`` are one
+Names are normalised first (``semviz.model.load.model_key``), so ``dir`` and ``dir/`` are one
 cache entry, and a shared server (``ui.server``) refuses a model it does not allow before
 anything is read.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from semviz.forward_queue import QUEUE, lanes_for
-from semviz.model import LoadedModel, load_model
+from semviz.model.load import LoadedModel, load_model
+from semviz.model.queue import QUEUE, lanes_for
 from ui.server import check_model
 
 

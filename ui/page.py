@@ -13,9 +13,9 @@ from functools import lru_cache
 
 import streamlit as st
 
-from semviz import escape
+from semviz.output import escape
+from semviz.output.style import display_token
 from semviz.sampling import PruneParams
-from semviz.style import display_token
 from ui import nav, runner, whatif
 from ui.errors import guard, message
 from ui.locks import page_lock

@@ -44,11 +44,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from semviz import escape
-from semviz.decoding import Decoder, DecodeSettings, encode_prompt
+from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt
+from semviz.output import escape
+from semviz.output.style import display_token
+from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
-from semviz.style import display_token
-from semviz.trace import Trace
 from ui import kv, server
 from ui.errors import message
 from ui.locks import WAIT_SECONDS, session_lock

@@ -19,7 +19,7 @@ whose keys are the variables' names in lower case without ``SEMVIZ_``; a variabl
   default, so every session's tokens are exactly those of its run alone.
 
 A bad value stops every page with one sentence that names it. Model work from every session
-takes turns through ``semviz.forward_queue.QUEUE``: :func:`model_turn` is what the app wraps
+takes turns through ``semviz.model.queue.QUEUE``: :func:`model_turn` is what the app wraps
 around it, and shows a waiting session its place in the line. The line has as many lanes as
 the cores hold forwards of torch's threads (set when the model loads, ``ui.model``): a server
 started with ``OMP_NUM_THREADS=1`` on 2 cores runs two sessions' forwards side by side, each
@@ -38,9 +38,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from semviz import files
-from semviz.forward_queue import QUEUE, Gather, Place
-from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
+from semviz.model.load import DEFAULT_MODEL, ModelLoadError, model_key
+from semviz.model.queue import QUEUE, Gather, Place
+from semviz.output import files
 from semviz.sampling import FieldSpec, parse_bool, parse_value
 
 try:
@@ -101,7 +101,7 @@ class ServerConfig:
     def trace_bytes(self) -> int:
         """The largest trace this server parses: ``Trace``'s own limit, or the upload limit
         if that is lower."""
-        from semviz.trace import MAX_BYTES
+        from semviz.output.trace import MAX_BYTES
 
         if self.max_upload_mb is None:
             return MAX_BYTES
@@ -244,7 +244,7 @@ def check_model(name: str) -> str:
 
 def check_prompt(ids: list[int]) -> list[int]:
     """``ids`` if the prompt is within this server's limit; else ``PromptError``."""
-    from semviz.decoding import PromptError
+    from semviz.decoding.decoder import PromptError
 
     limit = config().max_prompt_tokens
     if limit is not None and len(ids) > limit:
@@ -290,7 +290,7 @@ class _Shown:
 
 
 def _feed(decoders: list) -> None:
-    from semviz.decoding import feed_together  # torch: only once a page decodes
+    from semviz.decoding.together import feed_together  # torch: only once a page decodes
 
     feed_together(decoders)
 
@@ -351,7 +351,7 @@ def step(
 
     With ``batch_sessions`` on, the decoder's token is handed to the line's gatherer: the
     sessions that want a token at the same moment are fed as rows of one batched forward
-    (``semviz.decoding.feed_together``), so eight students playing at once cost about one
+    (``semviz.decoding.together.feed_together``), so eight students playing at once cost about one
     forward a turn, not eight. Otherwise, and for a decoder that cannot share (eviction,
     done), the step takes a turn of its own. Set ``dec.params`` first: the forward reads them.
     ``waiting`` is told the place in line, as for :func:`model_turn`.

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
-from semviz.model import model_key
-from semviz.presets import PRESETS
+from semviz.model.load import model_key
 from semviz.sampling import SPECS, FieldSpec, PruneParams, parse_value, setting
+from semviz.sampling.presets import PRESETS
 from ui.server import config, limit_settings
 
 KEY_PREFIX = "s_"
@@ -209,7 +209,7 @@ widget (``PARAM_FIELDS``)."""
 class SessionData:
     """What one browser session owns. Lives at ``st.session_state["semviz"]``."""
 
-    decoder: Any = None  # semviz.decoding.Decoder
+    decoder: Any = None  # semviz.decoding.decoder.Decoder
     run_key: tuple | None = None
     selected: int | None = None  # selected step index (None: the latest)
     playing: bool = False

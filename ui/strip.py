@@ -22,7 +22,7 @@ from typing import Any
 import streamlit as st
 import torch
 
-from semviz import style
+from semviz.output import style
 
 MAX_TOKENS_SHOWN = 1500
 ALTERNATIVES = 6  # rows in the hover card

@@ -7,7 +7,7 @@ from typing import Any
 
 import streamlit as st
 
-from semviz import style
+from semviz.output import style
 from semviz.sampling import active_filters
 from ui.page import PageContext
 from ui.state import session
@@ -105,7 +105,7 @@ def shown_result(ctx: PageContext, i: int):
 
 def step_from_selection(event: Any) -> int | None:
     """The step a chart selection points at: the clicked point's ``customdata[0]`` (every
-    step-axis chart in ``semviz.charts`` carries it), else its x. None when nothing is
+    step-axis chart in ``semviz.output.charts`` carries it), else its x. None when nothing is
     selected."""
     if not event:
         return None

@@ -1,12 +1,12 @@
 """What-if for the pages: the recorded steps re-pruned with the current sliders.
 
-All the work is ``semviz.replay`` (the one replay the CLI and reports use too); this module
+All the work is ``semviz.analysis.replay`` (the one replay the CLI and reports use too); this module
 only names what the pages call. ``cached`` memoises on the session's dict, so a rerun with
 unchanged sliders costs nothing.
 """
 
 from __future__ import annotations
 
-from semviz.replay import GravityCache, WhatIf, cached, replay
+from semviz.analysis.replay import GravityCache, WhatIf, cached, replay
 
 __all__ = ["GravityCache", "WhatIf", "cached", "replay"]

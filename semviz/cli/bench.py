@@ -78,7 +78,7 @@ def _time_generate(lm, ids, n: int) -> float:
 
 
 def _time_decoder(lm, ids, n: int, capture: bool = True) -> float:
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.sampling import PruneParams
 
     t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def _time_decoder(lm, ids, n: int, capture: bool = True) -> float:
 
 
 def speed(args, progress=None) -> dict:
-    from semviz.model import load_model
+    from semviz.model.load import load_model
 
     common.hide_progress(args)
     lm = load_model(args.model, device=args.device)
@@ -146,8 +146,8 @@ def speed(args, progress=None) -> dict:
 
 _MEM_CHILD = r"""
 import json, sys, torch
-from semviz.model import load_model
-from semviz.decoding import DecodeSettings, Decoder
+from semviz.model.load import load_model
+from semviz.decoding.decoder import DecodeSettings, Decoder
 from semviz.sampling import PruneParams
 mode, n, name = sys.argv[1], int(sys.argv[2]), (sys.argv[3] or None)
 lm = load_model(name, device="cpu")
@@ -210,7 +210,7 @@ def memory(args) -> dict:
 
 _COLD_CHILD = r"""
 import json, time
-from semviz.model import load_model
+from semviz.model.load import load_model
 t = time.perf_counter(); a = load_model(); t1 = time.perf_counter() - t
 t = time.perf_counter(); b = load_model(); t2 = time.perf_counter() - t
 print(json.dumps({"first_load_s": t1, "second_load_s": t2, "converted": a.converted}))

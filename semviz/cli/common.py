@@ -31,7 +31,7 @@ def hide_progress(args: argparse.Namespace) -> bool:
 
 def load(args: argparse.Namespace):
     """The model named by ``--model``; progress on stderr only for a person at a terminal."""
-    from semviz.model import load_model
+    from semviz.model.load import load_model
 
     quiet = hide_progress(args)
 
@@ -149,7 +149,7 @@ def params_from_args(args: argparse.Namespace, base=None):
 
     params = base if base is not None else PruneParams()
     if getattr(args, "preset", None) is not None:
-        from semviz.presets import PRESETS
+        from semviz.sampling.presets import PRESETS
 
         if args.preset not in PRESETS:
             raise ValueError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")

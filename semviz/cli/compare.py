@@ -11,7 +11,7 @@ Any number of sides (repeat ``--side``) over several prompts, with a Markdown ta
         --prompt "…" --prompt "…" --markdown docs/compare_presets.md
 
 A side is a preset name, ``plain``, comma-separated ``key=value`` PruneParams overrides, or a
-preset followed by overrides (see ``semviz.compare``). Ctrl-C stops early and still prints
+preset followed by overrides (see ``semviz.analysis.compare``). Ctrl-C stops early and still prints
 (and writes) the metrics of what was generated.
 """
 
@@ -58,7 +58,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _sides(args) -> list:
-    from semviz.compare import parse_side
+    from semviz.analysis.compare import parse_side
 
     specs = [s for s in (args.a, args.b) if s is not None] + list(args.side)
     if not specs:
@@ -70,9 +70,9 @@ def _sides(args) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz import compare as cmp_mod
-    from semviz import files
-    from semviz.decoding import PromptError
+    from semviz.analysis import compare as cmp_mod
+    from semviz.decoding.decoder import PromptError
+    from semviz.output import files
 
     sides = _sides(args)  # fail on a bad spec before loading the model
     prompts = list(args.prompt)
@@ -147,9 +147,9 @@ def command_line(args) -> str:
 
 def write_markdown(path: str, out: dict, rows: list[dict], command: str) -> None:
     """The metrics table with the command that made it and what each side set."""
-    from semviz import files
-    from semviz.compare import markdown_table
-    from semviz.metrics import METRIC_INFO
+    from semviz.analysis.compare import markdown_table
+    from semviz.analysis.metrics import METRIC_INFO
+    from semviz.output import files
 
     lines = [
         "# Presets compared",

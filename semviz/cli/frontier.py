@@ -23,7 +23,7 @@ from semviz.cli import common
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from semviz.frontier import DEFAULT_OUT
+    from semviz.frontier.sweep import DEFAULT_OUT
 
     p = sub.add_parser(
         "frontier",
@@ -69,8 +69,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _config(args):
-    from semviz.compare import parse_side
-    from semviz.frontier import KNOBS, SweepConfig, normalize_knob
+    from semviz.analysis.compare import parse_side
+    from semviz.frontier.sweep import KNOBS, SweepConfig, normalize_knob
 
     knob = normalize_knob(args.knob)
     if args.values is None:
@@ -92,7 +92,7 @@ def _config(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz import frontier as fr
+    from semviz.frontier import sweep as fr
 
     if args.boot < 10:
         raise ValueError("--boot must be at least 10")
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         df = fr.select(df, cfg, model, bool(chat), prompts)
         result = None
     else:
-        from semviz.judge import load_judge
+        from semviz.analysis.judge import load_judge
 
         judge = load_judge()  # a missing judge is reported before the model loads
         lm = common.load(args)
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sweep(lm, cfg, args, judge):
-    from semviz import frontier as fr
+    from semviz.frontier import sweep as fr
 
     stop = {"flag": False}
 

@@ -96,10 +96,10 @@ def parse_policy_args(items: list[str]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz import files
     from semviz.cli import UserError
     from semviz.cli.common import load
     from semviz.eviction import POLICIES, kv_eval, parse_budgets, teacher_forced_ids
+    from semviz.output import files
 
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
     if policies == ["all"]:
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
 def read_ids(path: Path, tokenizer, n: int) -> list[int]:
     """The first ``n`` token ids of the text file, reading only as much of it as they need."""
-    from semviz import files
+    from semviz.output import files
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -28,10 +28,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz.model import DEFAULT_MODEL
-    from semviz.replay import _needs_new_gravity, replay
+    from semviz.analysis.replay import _needs_new_gravity, replay
+    from semviz.model.load import DEFAULT_MODEL
+    from semviz.output.trace import Trace
     from semviz.sampling import PruneParams, check_model_shape
-    from semviz.trace import Trace
 
     trace = Trace.load(args.trace)
     recorded = PruneParams.from_dict(trace.settings.get("params", {}))
@@ -141,7 +141,7 @@ def _tokenizer(trace):
     try:
         from transformers import AutoTokenizer
 
-        from semviz.model import DEFAULT_MODEL, ensure_default_converted
+        from semviz.model.load import DEFAULT_MODEL, ensure_default_converted
 
         if name == DEFAULT_MODEL:
             tok = AutoTokenizer.from_pretrained(ensure_default_converted())

@@ -61,7 +61,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _tokenizer_for(args, trace):
     """The tokenizer that labels candidates: --model, else the trace's model if loadable."""
-    from semviz.model import DEFAULT_MODEL, ModelLoadError, load_model
+    from semviz.model.load import DEFAULT_MODEL, ModelLoadError, load_model
 
     name = args.model
     if name is None:
@@ -101,8 +101,8 @@ def _no_pruning_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz import files, report
-    from semviz.trace import Trace
+    from semviz.output import files, report
+    from semviz.output.trace import Trace
 
     if args.trace is not None:
         files.check_in_file(args.trace)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--step {args.step}: the trace has {len(trace.steps)} steps")
         tokenizer = _tokenizer_for(args, trace)
     else:
-        from semviz.decoding import Decoder, DecodeSettings, PromptError
+        from semviz.decoding.decoder import Decoder, DecodeSettings, PromptError
 
         if args.step is not None and args.step >= args.steps:
             raise ValueError(f"--step {args.step}: the run has at most --steps {args.steps}")

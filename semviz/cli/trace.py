@@ -37,14 +37,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz import files
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.output import files
 
     # every check that needs no model comes before loading one
     files.check_out_file(args.out, force=args.force)
     params = common.params_from_args(args)
     if not args.prompt.strip():
-        from semviz.decoding import PromptError
+        from semviz.decoding.decoder import PromptError
 
         raise PromptError("The prompt is empty: type some text for the model to continue.")
     lm = common.load(args)

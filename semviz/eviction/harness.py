@@ -1,8 +1,8 @@
 """Teacher-forced evaluation of eviction policies, batched, on the decoder's own forward.
 
 Every policy in one evaluation reads the same tokens at the same positions, so they run as
-rows of one batch: one :func:`semviz.forward.forward` per token feeds all of them, each row
-with its own cache entries (:class:`semviz.forward.KVRows`: padded, masked, true
+rows of one batch: one :func:`semviz.model.forward.forward` per token feeds all of them, each row
+with its own cache entries (:class:`semviz.model.forward.KVRows`: padded, masked, true
 ``position_ids``) and its own policy state. After each forward every row's policy plans its
 eviction on its own slice of the captured attention, and the cache is packed once for all rows.
 A row's results equal those of the same policy run alone (``batch_size=1``) up to float rounding:
@@ -32,8 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semviz.eviction.policies import POLICIES, Value, apply_plans, make_policy, view_of
-from semviz.forward import KVRows, forward, kv_bytes_per_token, lm_head
+from semviz.eviction.base import Value, apply_plans, view_of
+from semviz.eviction.policies import POLICIES, make_policy
+from semviz.model.forward import KVRows, forward, kv_bytes_per_token, lm_head
 
 __all__ = ["KVEval", "TeacherStep", "kv_eval", "teacher_force", "teacher_forced_ids"]
 

@@ -8,9 +8,9 @@ after each eviction, re-rotates the kept keys so that each one's distance to the
 from the forward that made it, so the error does not build up over steps.
 
 Only models whose keys carry one set of RoPE frequencies over every key dimension can be
-re-rotated: :func:`semviz.model.require_rope` refuses any other model (GPT-2's learned
+re-rotated: :func:`semviz.model.load.require_rope` refuses any other model (GPT-2's learned
 positions, partial or per-layer RoPE) with one sentence, and
-:func:`semviz.model.rope_inv_freq` gives the frequencies.
+:func:`semviz.model.load.rope_inv_freq` gives the frequencies.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from semviz.eviction.policies import CacheView, EvictionPolicy, Plan, _Packer, evict_session
-from semviz.model import require_rope, rope_inv_freq
+from semviz.eviction.base import CacheView, EvictionPolicy, Plan, _Packer, evict_session
+from semviz.model.load import require_rope, rope_inv_freq
 
 __all__ = ["KeyRerotation", "rope_shift"]
 
@@ -73,7 +73,7 @@ class KeyRerotation:
         return {**self.policy.to_dict(), "rerotate": True}
 
     def check_model(self, lm: Any) -> None:
-        """The wrapped policy's checks, then :func:`semviz.model.require_rope`."""
+        """The wrapped policy's checks, then :func:`semviz.model.load.require_rope`."""
         self.policy.check_model(lm)
         require_rope(lm)
 

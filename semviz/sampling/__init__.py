@@ -4,10 +4,13 @@ Everything here is a pure tensor function. Live decoding, counterfactual replay,
 ``LogitsProcessor`` classes and the CLI all call :func:`prune` and :func:`choose`.
 
 - :mod:`~semviz.sampling.params`: :class:`PruneParams` (each field's range, help and widget
-  in its metadata), the one value parser, :class:`Stage`, :class:`SamplerState`.
+  in its metadata) and the one value parser.
+- :mod:`~semviz.sampling.state`: what a step produced (:class:`PruneResult`, its :class:`Stage`
+  rows) and what a sequence carries between steps (:class:`SamplerState`).
 - :mod:`~semviz.sampling.filters`: one class per truncation filter, ``FILTERS`` in chain order.
 - :mod:`~semviz.sampling.thermo`: entropy, free energy, adaptive temperature.
 - :mod:`~semviz.sampling.chain`: :func:`prune` and :func:`choose`.
+- :mod:`~semviz.sampling.presets`: the scenario presets.
 
 The chain, per step::
 
@@ -30,7 +33,6 @@ deterministic: top-k keeps exactly ``k`` tokens, top-p the smallest such prefix,
 
 from semviz.sampling.chain import (
     T_GREEDY,
-    PruneResult,
     choose,
     default_params,
     gravity_dominance,
@@ -59,8 +61,6 @@ from semviz.sampling.params import (
     SPECS,
     FieldSpec,
     PruneParams,
-    SamplerState,
-    Stage,
     check_model_shape,
     field_spec,
     parse_bool,
@@ -69,6 +69,7 @@ from semviz.sampling.params import (
     parse_value,
     setting,
 )
+from semviz.sampling.state import PruneResult, SamplerState, Stage
 from semviz.sampling.thermo import LN2, adaptive_temperature, entropy_stats, free_energy
 
 __all__ = [

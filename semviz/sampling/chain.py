@@ -36,10 +36,11 @@ from semviz.sampling.filters import (
     stable_order,
     top_k_mask,
 )
-from semviz.sampling.params import PruneParams, SamplerState, Stage
-from semviz.sampling.thermo import LN2, adaptive_temperature, entropy_parts, entropy_stats
+from semviz.sampling.params import PruneParams
+from semviz.sampling.state import PruneResult, SamplerState, Stage
+from semviz.sampling.thermo import adaptive_temperature, entropy_parts, entropy_stats
 
-__all__ = ["PruneResult", "choose", "default_params", "gravity_dominance", "prune"]
+__all__ = ["choose", "default_params", "gravity_dominance", "prune"]
 
 T_GREEDY = 1e-4  # an effective temperature below this is greedy: s/T would overflow
 NEG_INF = float("-inf")
@@ -47,60 +48,6 @@ NEG_INF = float("-inf")
 HEAD_MIN_K = 512
 _HEAD_START = 256
 _HEAD_MAX = 16384
-
-
-@dataclass
-class PruneResult:
-    """What :func:`prune` found for one step (everything over the index set ``(K,)``)."""
-
-    index_probs: dict[str, Tensor]  # "raw", "gravity", "temperature", "final": (K,) each
-    kept: Tensor  # (K,) bool
-    waterfall: list[Stage]
-    entropy_raw: float
-    varentropy_raw: float
-    entropy_sampled: float
-    temperature: float
-    free_energy: float
-    n_kept: int
-    fallback: str | None
-    gravity: Tensor | None
-    greedy: bool
-    scores: Tensor  # (K,) adjusted score s = x + λG (−inf where removed by rerank)
-    argmax: int
-    params: PruneParams
-    tail_mass: float = 0.0
-    gravity_dominance: float | None = None
-    mirostat_mu: float | None = None
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    state: SamplerState | None = None
-    _observed: bool = False
-
-    @property
-    def entropy_raw_bits(self) -> float:
-        return self.entropy_raw / LN2
-
-    @property
-    def entropy_sampled_bits(self) -> float:
-        return self.entropy_sampled / LN2
-
-    @property
-    def varentropy_raw_bits(self) -> float:
-        return self.varentropy_raw / LN2**2
-
-    @property
-    def effective_candidates_raw(self) -> float:
-        """``exp(H_raw)``: how many equally likely tokens the raw distribution is worth."""
-        return math.exp(self.entropy_raw)
-
-    @property
-    def effective_candidates(self) -> float:
-        """``exp(H_sampled)`` of the distribution actually sampled from."""
-        return math.exp(self.entropy_sampled)
-
-    @property
-    def probs(self) -> Tensor:
-        return self.index_probs["final"]
 
 
 @dataclass

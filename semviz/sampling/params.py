@@ -38,17 +38,12 @@ import dataclasses
 import difflib
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from semviz.sampling.chain import PruneResult
+from typing import Any
 
 __all__ = [
     "SPECS",
     "FieldSpec",
     "PruneParams",
-    "SamplerState",
-    "Stage",
     "check_model_shape",
     "field_spec",
     "parse_bool",
@@ -612,71 +607,4 @@ def check_model_shape(params: PruneParams, *, n_layers: int, n_heads: int) -> No
             raise ValueError(
                 f"PruneParams.{name}={v!r}: the model has {n} {what}, so indices must be in "
                 f"0..{n - 1}"
-            )
-
-
-# -- per-step records and state -------------------------------------------------------------
-
-
-@dataclass
-class Stage:
-    """One waterfall row: how many tokens survived the stage and what mass it removed.
-
-    ``mass_removed`` is a fraction of the mass entering the stage, measured on the
-    distribution the stage looks at.
-    """
-
-    name: str
-    n_kept: int
-    mass_removed: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class SamplerState:
-    """Mutable per-sequence state: mirostat's mu, the controllers, histories.
-
-    The attention EMA of gravity's ``"ema"`` mass is kept by position with the gravity
-    context (:class:`semviz.gravity.ContextPull`), not here.
-
-    :func:`~semviz.sampling.prune` only reads it; :func:`~semviz.sampling.choose` (or
-    :meth:`observe`) advances it once the step's token is known. Replay should work on a
-    :meth:`copy`.
-    """
-
-    mirostat_mu: float | None = None
-    last_temperature: float | None = None
-    tokens: list[int] = field(default_factory=list)
-    entropies: list[float] = field(default_factory=list)
-    steps: int = 0
-
-    def copy(self) -> SamplerState:
-        return SamplerState(
-            mirostat_mu=self.mirostat_mu,
-            last_temperature=self.last_temperature,
-            tokens=list(self.tokens),
-            entropies=list(self.entropies),
-            steps=self.steps,
-        )
-
-    def observe(self, result: PruneResult, index: int, token_id: int | None = None) -> None:
-        """Advance the state with the token chosen at this step.
-
-        Parameters
-        ----------
-        result : the step's :class:`~semviz.sampling.PruneResult`.
-        index : position of the chosen token in the index set.
-        token_id : vocabulary id (defaults to ``index``, right for full-vocabulary logits).
-        """
-        self.tokens.append(int(index if token_id is None else token_id))
-        self.entropies.append(float(result.entropy_raw))
-        self.last_temperature = float(result.temperature)
-        self.steps += 1
-        if result.mirostat_mu is not None:
-            q = float(result.index_probs["final"][index])
-            surprise = -math.log2(max(q, 1e-45))  # bits
-            self.mirostat_mu = result.mirostat_mu - result.mirostat_eta * (
-                surprise - result.mirostat_tau
             )

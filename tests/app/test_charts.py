@@ -1,4 +1,4 @@
-"""semviz.charts on a real trace from the tiny model: valid Plotly, data present, caps respected."""
+"""semviz.output.charts on a real trace from the tiny model: valid Plotly, data present, caps respected."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from semviz import charts, style
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.replay import replay
+from semviz.analysis.replay import replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output import charts, style
 from semviz.sampling import PruneParams
 
 
@@ -80,7 +80,7 @@ def test_step_views_from_trace(run):
 
 
 def test_display_token_makes_whitespace_and_special_tokens_visible():
-    from semviz.style import display_token
+    from semviz.output.style import display_token
 
     assert display_token(" the") == "·the"
     assert display_token("\n\n") == "↵↵"
@@ -249,7 +249,7 @@ def test_style_docstring_examples_run():
 
 
 def test_report_shows_the_whatif_and_says_so(run, tmp_path):
-    from semviz import report
+    from semviz.output import report
 
     lm, tr, wi, p = run
     thermo = {

@@ -11,9 +11,9 @@ import torch
 from streamlit.runtime.scriptrunner_utils.exceptions import RerunException, StopException
 from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.style import display_token
-from semviz.trace import Trace
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output.style import display_token
+from semviz.output.trace import Trace
 from tests.app.conftest import APP, GENERATE, TIMEOUT, run_steps
 from ui import examples, runner
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from semviz.model import DEFAULT_MODEL, ModelLoadError, model_key
+from semviz.model.load import DEFAULT_MODEL, ModelLoadError, model_key
 from tests.app.conftest import APP, GENERATE, TIMEOUT, link_notes, run_steps
 from ui import server, sessions
 from ui.server import ConfigError, ServerConfig, read_config
@@ -271,7 +271,7 @@ def test_single_user_frontier_page_keeps_the_file_and_the_sweep(monkeypatch, tin
 
 
 def test_an_upload_over_the_limit_is_refused_before_parsing(monkeypatch):
-    from semviz.trace import MAX_BYTES, Trace, TraceError
+    from semviz.output.trace import MAX_BYTES, Trace, TraceError
 
     monkeypatch.setenv("SEMVIZ_SHARED", "1")
     monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "2")
@@ -299,7 +299,7 @@ def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
 def one_lane(monkeypatch):
     """The model's line with one lane whatever the cores, so another session's turn fills it."""
     import ui.model
-    from semviz.forward_queue import QUEUE
+    from semviz.model.queue import QUEUE
 
     monkeypatch.setattr(ui.model, "fit_lanes", lambda: None)
     was = QUEUE.lanes
@@ -309,7 +309,7 @@ def one_lane(monkeypatch):
 
 
 def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, one_lane):
-    from semviz.forward_queue import QUEUE, Place
+    from semviz.model.queue import QUEUE, Place
 
     shown: list[int] = []
     real = server.wait_text
@@ -406,7 +406,7 @@ def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(
 ):
     """The job's thread waits for the model without the session's lock, so the page's ticks
     neither wait for the line nor for the job; the page shows the job's place in the line."""
-    from semviz.forward_queue import QUEUE
+    from semviz.model.queue import QUEUE
     from ui import runner
     from ui.locks import session_lock
 
@@ -443,7 +443,7 @@ def test_loading_the_model_gives_the_queue_a_lane_per_forwards_worth_of_cores(
 ):
     import torch
 
-    from semviz.forward_queue import QUEUE, cores, lanes_for
+    from semviz.model.queue import QUEUE, cores, lanes_for
     from ui.model import _load
 
     threads = torch.get_num_threads()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.replay import replay
+from semviz.analysis.replay import replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
 from ui import strip
 

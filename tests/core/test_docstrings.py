@@ -39,7 +39,7 @@ MODULES = _modules_with_examples()
 def test_the_modules_that_should_have_examples_do():
     for name in ("semviz.sampling.chain", "semviz.sampling.filters", "semviz.sampling.params",
                  "semviz.sampling.thermo", "semviz.processors", "semviz.eviction",
-                 "semviz.compare", "semviz.metrics", "semviz.replay"):  # fmt: skip
+                 "semviz.analysis.compare", "semviz.analysis.metrics", "semviz.analysis.replay"):  # fmt: skip
         assert MODULES.get(name, 0) > 0, name
 
 

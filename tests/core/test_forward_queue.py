@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from semviz.forward_queue import ForwardQueue, Place, lanes_for
+from semviz.model.queue import ForwardQueue, Place, lanes_for
 
 
 def wait_until(cond, timeout: float = 5.0) -> None:

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
+from semviz.analysis.compare import parse_side
 from semviz.cli import common
-from semviz.compare import parse_side
 from semviz.sampling import (
     PruneParams,
     check_model_shape,

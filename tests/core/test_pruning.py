@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from semviz import sampling as core
-from semviz.presets import PRESETS, get_preset
 from semviz.sampling import PruneParams, SamplerState, choose, prune
+from semviz.sampling.presets import PRESETS, get_preset
 
 
 def test_defaults_are_plain_sampling():

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from semviz import charts
-from semviz.decoding import Decoder, DecodeSettings
+from semviz.analysis.replay import replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output import charts
 from semviz.processors import FilterLogitsWarper
-from semviz.replay import replay
 from semviz.sampling import FILTERS, Filter, PruneParams, prune, register, unregister
 from tests.core.test_processors import generate_and_replay
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from semviz import sampling
-from semviz.decoding import Decoder, DecodeSettings
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.eviction import make_policy
 from semviz.sampling import PruneParams
 

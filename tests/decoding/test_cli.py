@@ -44,7 +44,7 @@ def test_trace_writes_a_trace_and_prints_json(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["steps"] == 4 and summary["out"] == str(out)
-    from semviz.trace import Trace
+    from semviz.output.trace import Trace
 
     t = Trace.load(out)
     assert len(t.steps) == 4 and t.text == summary["text"]
@@ -118,7 +118,7 @@ def test_outputs_are_checked_before_decoding_and_replaced_only_with_force(
         assert rc == 2 and why in err
     assert main([*argv, "--out", str(out), "--force"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 2
-    from semviz.trace import Trace
+    from semviz.output.trace import Trace
 
     assert len(Trace.load(out).steps) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # no temp file left

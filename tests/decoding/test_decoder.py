@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from semviz.decoding import Decoder, DecodeSettings, PromptError, encode_prompt, top_candidates
+from semviz.decoding.decoder import (
+    Decoder,
+    DecodeSettings,
+    PromptError,
+    encode_prompt,
+    top_candidates,
+)
 from semviz.sampling import PruneParams
 
 PROMPT = "The lighthouse keeper climbed the stairs"

@@ -1,4 +1,4 @@
-"""``semviz.files``: bounded reads, atomic writes, output paths checked before any work."""
+"""``semviz.output.files``: bounded reads, atomic writes, output paths checked before any work."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from semviz import escape, files
-from semviz.files import FileError
+from semviz.output import escape, files
+from semviz.output.files import FileError
 
 
 def test_docstring_examples():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import semviz
-from semviz.forward import KVRows, cache_nbytes, forward, kv_bytes_per_token, prefill_scan
+from semviz.model.forward import KVRows, cache_nbytes, forward, kv_bytes_per_token, prefill_scan
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import semviz
-from semviz.decoding import Decoder, DecodeSettings
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
 
 pytestmark = pytest.mark.real_model
@@ -88,7 +88,7 @@ def test_trust_remote_code_is_off_by_default(monkeypatch, tmp_path):
     ],
 )
 def test_replay_at_the_recorded_settings_changes_nothing(real_lm, params):
-    from semviz.replay import replay
+    from semviz.analysis.replay import replay
 
     d = Decoder(
         lm := real_lm,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from semviz import Decoder, DecodeSettings, PruneParams
-from semviz.decoding import feed_together, step_together
+from semviz.decoding.together import feed_together, step_together
 from semviz.eviction import make_policy
-from semviz.forward_queue import ForwardQueue, Gather
+from semviz.model.queue import ForwardQueue, Gather
 
 PROMPTS = ["The sea", "Once upon a time there was a lighthouse keeper who", "Water boils at"]
 

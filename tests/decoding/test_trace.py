@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from semviz.decoding import Decoder, DecodeSettings
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output.trace import FORMAT_VERSION, Trace, TraceError
 from semviz.sampling import PruneParams
-from semviz.trace import FORMAT_VERSION, Trace, TraceError
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_missing_file_is_a_trace_error(tmp_path):
     ],
 )
 def test_replay_with_the_recorded_settings_reproduces_every_pick(tiny_lm, params):
-    from semviz.replay import replay
+    from semviz.analysis.replay import replay
 
     d = Decoder(
         tiny_lm,
@@ -137,7 +137,7 @@ def _set(d: dict, path: str, value) -> None:
 
 
 def _tensor(values, dtype: str) -> dict:
-    from semviz.trace import encode_tensor
+    from semviz.output.trace import encode_tensor
 
     return encode_tensor(torch.from_numpy(np.asarray(values, dtype=dtype)))
 
@@ -235,7 +235,7 @@ def test_save_is_atomic_and_leaves_no_temp_file(trace, tmp_path):
 def test_markup_in_a_trace_is_shown_as_text(trace):
     from unittest import mock
 
-    from semviz import charts, escape, report
+    from semviz.output import charts, escape, report
 
     t = Trace.from_json(trace.to_json())
     t.steps[-1].token_text = "<b>bold</b>"
@@ -270,7 +270,7 @@ def test_an_lse_below_the_top_logit_is_refused(trace):
     ],
 )
 def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, params, monkeypatch):
-    from semviz import replay as rp
+    from semviz.analysis import replay as rp
 
     d = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(temperature=0.9),
                 DecodeSettings(max_new_tokens=40, seed=3))  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from semviz.report import BROWSER_ARGS, chromium_path
+from semviz.output.report import BROWSER_ARGS, chromium_path
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

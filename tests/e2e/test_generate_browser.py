@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from semviz.style import display_token
+from semviz.output.style import display_token
 from tests.e2e.conftest import ARTIFACTS, ROOT
 from tests.e2e.test_browser import no_traceback, tokens, wait_idle
 from ui.state import DEFAULT_PROMPT

@@ -10,7 +10,7 @@ from transformers import AttentionInterface, DynamicCache, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from semviz import eviction as ev
-from semviz.decoding import Decoder, DecodeSettings
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
 
 N = 72

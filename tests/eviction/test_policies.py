@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from semviz import eviction as ev
-from semviz.decoding import Decoder, DecodeSettings, cache_nbytes
+from semviz.decoding.decoder import Decoder, DecodeSettings, cache_nbytes
+from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
-from semviz.trace import Trace
 
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good"
 STEPS = 10
@@ -245,7 +245,12 @@ def test_parse_budget_and_to_dict():
 
 @pytest.mark.parametrize(
     "module",
-    ["semviz.eviction", "semviz.eviction.policies", "semviz.eviction.rerotate", "semviz.forward"],
+    [
+        "semviz.eviction",
+        "semviz.eviction.policies",
+        "semviz.eviction.rerotate",
+        "semviz.model.forward",
+    ],
 )
 def test_docstring_examples(module):
     import doctest

@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from semviz import eviction as ev
 from semviz import gravity
-from semviz.capture import AttentionSink, capturing
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.model import require_rope, uses_rope
-from semviz.replay import recompute_gravity, replay
+from semviz.analysis.replay import recompute_gravity, replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.model.capture import AttentionSink, capturing
+from semviz.model.load import require_rope, uses_rope
 from semviz.sampling import PruneParams
 from tests.eviction.test_exactness import (
     _IMPL,
@@ -360,7 +360,7 @@ def test_processors_in_generate_see_what_the_decoder_sees(family_lm, family_dir)
 
 def test_soft_capping_gemma2_is_refused_in_one_sentence(tmp_path, tokenizer_dir):
     import semviz
-    from semviz.model import ModelLoadError
+    from semviz.model.load import ModelLoadError
     from tests.conftest import save_tiny
 
     path = str(save_tiny("gemma2", tmp_path / "gemma2", tokenizer_dir))

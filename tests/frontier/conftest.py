@@ -35,6 +35,6 @@ def peaked_lm(peaked_dir):
 
 @pytest.fixture(scope="session")
 def judge():
-    from semviz.judge import load_judge
+    from semviz.analysis.judge import load_judge
 
     return load_judge()

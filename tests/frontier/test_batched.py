@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-import semviz.batched
-from semviz.batched import (
+import semviz.frontier.batched
+from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt
+from semviz.frontier.batched import (
     SeededSampler,
     continuation_nll,
     cut_at_eos,
@@ -17,7 +18,6 @@ from semviz.batched import (
     generate_batch,
     processor_chain,
 )
-from semviz.decoding import Decoder, DecodeSettings, encode_prompt
 from semviz.sampling import PruneParams, choose, prune
 
 PROMPTS = [
@@ -152,7 +152,7 @@ def test_the_model_s_eos_ids_are_the_decoder_s(peaked_lm):
 
 def test_padding_uses_an_id_that_no_prompt_contains(peaked_lm):
     rows = _rows(peaked_lm)
-    pad = semviz.batched._pad_id(peaked_lm, rows)
+    pad = semviz.frontier.batched._pad_id(peaked_lm, rows)
     assert all(pad not in r for r in rows)
     assert peaked_lm.tokenizer.pad_token_id in {t for r in rows for t in r}  # the naive choice
 
@@ -166,7 +166,7 @@ def test_bad_batches_are_refused(peaked_lm):
 
 
 def test_batched_docstring_examples():
-    result = doctest.testmod(semviz.batched, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(semviz.frontier.batched, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 
 

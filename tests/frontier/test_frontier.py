@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import semviz.frontier
-from semviz.compare import parse_side
-from semviz.frontier import (
+import semviz.frontier.sweep
+from semviz.analysis.compare import parse_side
+from semviz.frontier.sweep import (
     SweepConfig,
     load_prompts,
     load_results,
@@ -133,13 +133,13 @@ def test_summaries_refuse_what_they_cannot_compare():
 
 def test_frontier_figure_has_one_curve_per_setting_with_ci_bars():
     df = synth.rows({"A": {0.7: ([0.5, 0.6], [0.8, 0.9])}, "B": {0.7: ([0.4, 0.5], [0.9, 1.0])}})
-    fig = semviz.frontier.frontier_figure(summarize(df, n_boot=50))
+    fig = semviz.frontier.sweep.frontier_figure(summarize(df, n_boot=50))
     assert [t.name for t in fig.data] == ["A", "B"]
     assert fig.data[0].error_y.array is not None
 
 
 def test_frontier_docstring_examples():
-    result = doctest.testmod(semviz.frontier, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(semviz.frontier.sweep, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -233,7 +233,7 @@ def test_frontier_has_help_with_json(capsys):
 def test_a_results_file_over_its_limit_is_refused_before_it_is_read(tmp_path):
     import pandas as pd
 
-    from semviz.files import FileError
+    from semviz.output.files import FileError
 
     out = tmp_path / "r.parquet"
     pd.DataFrame({"value": [0.5] * 100}).to_parquet(out)

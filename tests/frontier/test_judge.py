@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from semviz.judge import JUDGE_NAME, JudgeError, coherence, cross_similarity, load_judge
+from semviz.analysis.judge import JUDGE_NAME, JudgeError, coherence, cross_similarity, load_judge
 
 GUITAR = "A man is playing a guitar."
 PARAPHRASE = "Someone is playing an acoustic guitar."

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-import semviz.metrics
-from semviz.metrics import distinct_n, repetition_rate, word_metrics, words
+import semviz.analysis.metrics
+from semviz.analysis.metrics import distinct_n, repetition_rate, word_metrics, words
 
 
 def test_words_lowercase_and_drop_punctuation():
@@ -56,5 +56,5 @@ def test_word_and_token_metrics_share_one_definition():
 
 
 def test_metrics_docstring_examples():
-    result = doctest.testmod(semviz.metrics, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(semviz.analysis.metrics, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semviz.frontier import SHIPPED
+from semviz.frontier.sweep import SHIPPED
 from tests.frontier import synth
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")

@@ -39,7 +39,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def base_traces(tiny_lm) -> dict[str, dict]:
     """Two short real traces as JSON documents: one with every optional part (gravity,
     attention, the KV policy's per-step records), one with capture off (no attention)."""
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.eviction import POLICIES
     from semviz.sampling import PruneParams
 

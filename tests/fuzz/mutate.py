@@ -103,10 +103,10 @@ TYPE_SWAPS: dict[str, Any] = {
 
 def exercise(trace, *, charts: bool = True) -> None:
     """Everything a user does with a loaded trace; raises on any failure."""
-    from semviz import report
-    from semviz.metrics import run_metrics
-    from semviz.replay import replay
-    from semviz.trace import Trace
+    from semviz.analysis.metrics import run_metrics
+    from semviz.analysis.replay import replay
+    from semviz.output import report
+    from semviz.output.trace import Trace
 
     params = report.trace_params(trace)
     replay(trace, params)

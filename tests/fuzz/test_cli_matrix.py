@@ -50,7 +50,7 @@ OUT_OF_RANGE = {
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_dir, tiny_lm):
     """Inputs the cases point at: a good trace, bad trace files, text files, folders."""
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.sampling import PruneParams
 
     d = tmp_path_factory.mktemp("in")
@@ -249,9 +249,9 @@ def _memo_load(real):
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_bad_values_exit_2_with_one_line_and_leave_nothing(cmd, world, tmp_path, capsys,
                                                            monkeypatch):  # fmt: skip
-    import semviz.model
+    import semviz.model.load
 
-    monkeypatch.setattr(semviz.model, "load_model", _memo_load(semviz.model.load_model))
+    monkeypatch.setattr(semviz.model.load, "load_model", _memo_load(semviz.model.load.load_model))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out, cwd = tmp_path / "out", tmp_path / "cwd"
     out.mkdir()

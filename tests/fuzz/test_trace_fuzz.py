@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from semviz.trace import MAX_DEPTH, Trace, TraceError
+from semviz.output.trace import MAX_DEPTH, Trace, TraceError
 
 from .conftest import record
 from .mutate import NEST, TYPE_SWAPS, dumps, exercise, get, kind, paths, tensor, with_value, without

@@ -8,9 +8,9 @@ import torch
 from semviz import eviction as ev
 from semviz import gravity as gv
 from semviz import processors as sp
-from semviz.capture import AttentionSink
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.replay import recompute_gravity, replay
+from semviz.analysis.replay import recompute_gravity, replay
+from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.model.capture import AttentionSink
 from semviz.sampling import PruneParams
 
 PROMPT = "Write a story about a beekeeper who talks to her bees."

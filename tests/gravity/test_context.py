@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from semviz import gravity as gv
-from semviz.decoding import encode_prompt
+from semviz.decoding.decoder import encode_prompt
 from semviz.sampling import PruneParams
 
 PROMPT = "Write a story about a beekeeper."

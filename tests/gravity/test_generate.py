@@ -7,7 +7,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from semviz import processors as sp
-from semviz.decoding import Decoder, DecodeSettings, encode_prompt
+from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt
 from semviz.sampling import PruneParams
 
 PROMPTS = (

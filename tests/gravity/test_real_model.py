@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.metrics import repetition_rate, words
+from semviz.analysis.metrics import repetition_rate, words
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
 
 pytestmark = pytest.mark.real_model

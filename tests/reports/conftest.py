@@ -25,9 +25,9 @@ def embedded_figures(html: str) -> dict[str, dict]:
 @pytest.fixture(scope="session")
 def real_report(real_lm, tmp_path_factory):
     """The story preset on its example prompt, 10 tokens, reported with PNGs (kaleido)."""
-    from semviz import report
-    from semviz.decoding import Decoder, DecodeSettings
-    from semviz.presets import PRESETS
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.output import report
+    from semviz.sampling.presets import PRESETS
 
     p = PRESETS["story"]
     dec = Decoder(real_lm, p.example_prompt, p.params, DecodeSettings(seed=0, max_new_tokens=64))

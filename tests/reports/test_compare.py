@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from semviz import metrics
-from semviz.compare import (
+from semviz.analysis import metrics
+from semviz.analysis.compare import (
     DIFF_BG,
     Side,
     advance,
@@ -22,9 +22,9 @@ from semviz.compare import (
     parse_side,
     text_diff,
 )
-from semviz.decoding import Decoder, DecodeSettings
-from semviz.presets import PRESETS
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
+from semviz.sampling.presets import PRESETS
 
 PROMPT = "The sea was calm and"
 

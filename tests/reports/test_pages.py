@@ -98,8 +98,8 @@ def test_copied_link_reproduces_tokens_and_views(new_app):
 
 
 def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
-    from semviz import report
-    from semviz.trace import Trace
+    from semviz.output import report
+    from semviz.output.trace import Trace
     from tests.reports.conftest import embedded_figures
 
     at = new_app()

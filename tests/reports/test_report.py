@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from semviz import report
-from semviz.trace import Trace
+from semviz.output import report
+from semviz.output.trace import Trace
 from tests.reports.conftest import embedded_figures
 
 
@@ -105,7 +105,7 @@ def test_cli_prompt_and_trace_routes_write_the_same_report(tiny_dir, tmp_path, c
 
 
 def test_playwright_export_and_stop_keep_what_was_made(tiny_lm, tmp_path):
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.sampling import PruneParams
 
     dec = Decoder(tiny_lm, "The sea", PruneParams(top_k=8), DecodeSettings(max_new_tokens=4))
@@ -132,7 +132,7 @@ def test_playwright_export_and_stop_keep_what_was_made(tiny_lm, tmp_path):
 
 def test_report_of_an_empty_run_and_bad_input(tiny_lm, tmp_path, capsys):
     from semviz.cli import main
-    from semviz.decoding import Decoder
+    from semviz.decoding.decoder import Decoder
 
     empty = Decoder(tiny_lm, "The sea").trace
     rep = report.build(empty, tmp_path, png=False)

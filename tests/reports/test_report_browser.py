@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from semviz.report import BROWSER_ARGS, chromium_path
+from semviz.output.report import BROWSER_ARGS, chromium_path
 from tests.reports.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_model]

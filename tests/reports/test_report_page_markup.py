@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from semviz.decoding import Decoder, DecodeSettings
+from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
 from tests.app.conftest import APP, TIMEOUT
 

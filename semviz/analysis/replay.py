@@ -40,8 +40,8 @@ import torch
 
 from semviz import gravity as grav
 from semviz import sampling
+from semviz.output.trace import Trace
 from semviz.sampling import PruneParams, PruneResult, check_model_shape
-from semviz.trace import Trace
 
 _GRAVITY_KEYS = grav.GRAVITY_FIELDS
 

@@ -9,7 +9,7 @@ then returns a one-hot score row (0 at the pick, ``-inf`` elsewhere). ``do_sampl
 can only take that token. A row's tokens therefore depend on its context and seed alone:
 batched and one-at-a-time runs agree except where padding changes the logits' rounding
 enough to move a pick across a CDF boundary, and a row matches what the semviz
-:class:`~semviz.decoding.Decoder` draws with the same seed, which also takes one uniform
+:class:`~semviz.decoding.decoder.Decoder` draws with the same seed, which also takes one uniform
 per step from a generator seeded the same way.
 
 Gravity is added before the sampler by :class:`~semviz.processors.NarrativeGravityLogitsProcessor`,
@@ -330,7 +330,7 @@ def generate_batch(
             f"a prompt of {longest} tokens plus {max_new_tokens} new ones is longer than "
             f"{lm.name}'s context of {lm.max_context}"
         )
-    from semviz.capture import enable_capture
+    from semviz.model.capture import enable_capture
 
     model = lm.model
     enable_capture(model)  # plain sdpa unless gravity's sink asks; the Decoder uses the same

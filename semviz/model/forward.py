@@ -2,7 +2,7 @@
 
 :func:`forward` runs the model's decoder on a ``(B, T)`` batch of token ids at their true
 ``position_ids`` with a ``DynamicCache`` and, when asked, captures every layer's last-query
-attention ``(L, B, H, S)``. The :class:`~semviz.decoding.Decoder` calls it with ``B = 1``; the
+attention ``(L, B, H, S)``. The :class:`~semviz.decoding.decoder.Decoder` calls it with ``B = 1``; the
 eviction harness (``semviz.eviction.harness``) and batched Compare A/B call it with one row per
 policy or side.
 
@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from semviz.capture import AttentionSink, enable_capture
-from semviz.model import new_cache
+from semviz.model.capture import AttentionSink, enable_capture
+from semviz.model.load import new_cache
 
 __all__ = [
     "Forward",

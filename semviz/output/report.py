@@ -1,6 +1,6 @@
 """Reports: a recorded trace as one offline HTML page, one PNG per chart, JSON and Parquet.
 
-The charts are :mod:`semviz.charts` figures built from the trace alone (no model run), in
+The charts are :mod:`semviz.output.charts` figures built from the trace alone (no model run), in
 the order :func:`views` lists them. The app's Report page draws the same list, so a trace
 reloaded in the app shows exactly the views the report shows.
 
@@ -39,12 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-from semviz import charts, files, style
-from semviz.forward import kv_bytes_per_token
-from semviz.metrics import METRIC_INFO, run_metrics
-from semviz.replay import WhatIf
+from semviz.analysis.metrics import METRIC_INFO, run_metrics
+from semviz.analysis.replay import WhatIf
+from semviz.model.forward import kv_bytes_per_token
+from semviz.output import charts, files, style
+from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
-from semviz.trace import Trace
 
 __all__ = [
     "OUTPUTS",
@@ -143,7 +143,7 @@ def views(
 
     ``tokenizer`` turns candidate ids into text for the per-step charts; without one the
     candidates the trace never decoded are shown as ``#id``. With ``whatif`` (a
-    :func:`semviz.replay.replay` of this trace under other settings) the sampling charts
+    :func:`semviz.analysis.replay.replay` of this trace under other settings) the sampling charts
     (entropy, temperature, kept set, the step's distribution and waterfall, the chain) show
     the replay; attention, cache and timing are the recorded run's either way.
     """

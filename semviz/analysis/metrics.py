@@ -1,6 +1,6 @@
 """Run metrics (seed §7.2): diversity, repetition, entropy, gravity, pruning and speed.
 
-All of them read a recorded :class:`~semviz.trace.Trace`, so a saved trace, a live run and
+All of them read a recorded :class:`~semviz.output.trace.Trace`, so a saved trace, a live run and
 each side of an A/B comparison are measured by the same code.
 
 Definitions, over the generated tokens only (the prompt is not counted):
@@ -42,7 +42,7 @@ import re
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
-from semviz.trace import StepRecord, Trace
+from semviz.output.trace import StepRecord, Trace
 
 __all__ = [
     "METRIC_INFO",

@@ -5,7 +5,7 @@ one, ``"semviz_sdpa"``, that runs the stock sdpa kernel and, only when the calle
 ``semviz_sink`` keyword to ``model(...)``, also computes the last query row's softmax(q·Kᵀ·scale)
 for each layer and stores it in that sink. A ``semviz_masks`` keyword (one boolean mask per
 layer, or None) replaces the model's mask where rows of a batch hold padded caches
-(``semviz.forward.KVRows``). Nothing else changes: without either keyword it is exactly sdpa.
+(``semviz.model.forward.KVRows``). Nothing else changes: without either keyword it is exactly sdpa.
 The sink is per call, so two sessions sharing one model never see each other's capture, and
 no hook is ever left registered on the model.
 
@@ -49,7 +49,7 @@ class AttentionSink:
           ``generate``) holds only the window's most recent keys, so its row is right-aligned,
           zeros standing for the positions before its window;
         - ``align="left"``: under eviction each layer keeps its own entries packed from slot 0
-          (``semviz.forward.KVRows``), so its row is zero beyond its own length.
+          (``semviz.model.forward.KVRows``), so its row is zero beyond its own length.
         """
         if align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {align!r}")
@@ -99,7 +99,7 @@ def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
     masks = kwargs.pop("semviz_masks", None)
     if masks is not None and masks[module.layer_idx] is not None:
         # rows of a batch hold different cache entries: this layer's own (B, 1, T, S) mask
-        # (semviz.forward.KVRows.masks) says which keys each query sees, padding hidden
+        # (semviz.model.forward.KVRows.masks) says which keys each query sees, padding hidden
         attention_mask = masks[module.layer_idx].to(query.device)
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if sink is not None:

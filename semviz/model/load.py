@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from semviz.capture import IMPL_NAME
+from semviz.model.capture import IMPL_NAME
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

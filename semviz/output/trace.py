@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from semviz import files
+from semviz.output import files
 
 FORMAT = "semviz-trace"
 FORMAT_VERSION = 1

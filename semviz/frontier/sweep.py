@@ -6,7 +6,7 @@ it. For each setting (A, B, …) one knob is swept (temperature by default); eve
 continues a prompt set with several seeds and scores each continuation:
 
 - coherence: cosine between the judge's embeddings of the prompt and of the continuation
-  (all-MiniLM-L6-v2, see :mod:`semviz.judge`; never the LM being steered);
+  (all-MiniLM-L6-v2, see :mod:`semviz.analysis.judge`; never the LM being steered);
 - diversity: word distinct-1 and distinct-2 of each continuation, and the similarity
   between the continuations of different seeds for one prompt (``cross_sim``);
 - degeneration: the share of repeated word 4-grams (``repetition``);
@@ -14,10 +14,10 @@ continues a prompt set with several seeds and scores each continuation:
   of the generating pass itself (the logits a teacher-forced pass would compute again).
 
 Word metrics a text is too short for are undefined, not "fully repeated" (see
-:mod:`semviz.metrics`); ``short`` reports the share of continuations under four words.
+:mod:`semviz.analysis.metrics`); ``short`` reports the share of continuations under four words.
 
 Each point's prompts and seeds run as rows of one batched ``generate()``
-(:mod:`semviz.batched`). Results go to Parquet one row per (setting, knob value, prompt,
+(:mod:`semviz.frontier.batched`). Results go to Parquet one row per (setting, knob value, prompt,
 seed), written after every batch, so a stopped sweep resumes where it stopped.
 
 Statistics: per prompt, scores are averaged over its seeds; a point is the mean over
@@ -50,9 +50,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from semviz import files, style
-from semviz.compare import Side
-from semviz.metrics import REPETITION_N, word_metrics
+from semviz.analysis.compare import Side
+from semviz.analysis.metrics import REPETITION_N, word_metrics
+from semviz.output import files, style
 
 __all__ = [
     "DEFAULT_OUT",
@@ -77,7 +77,7 @@ __all__ = [
     "summarize",
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS_PATH = ROOT / "data" / "prompts" / "prompts.jsonl"
 SHIPPED = ROOT / "data" / "frontier" / "frontier_test.parquet"
 DEFAULT_OUT = "out/frontier.parquet"
@@ -325,8 +325,8 @@ def run_sweep(
     chat template) are skipped, so a stopped sweep resumes. ``should_stop`` is polled after
     every generated position; a stop drops the unfinished batch and keeps every finished one.
     """
-    from semviz.decoding import encode_prompt
-    from semviz.judge import load_judge
+    from semviz.analysis.judge import load_judge
+    from semviz.decoding.decoder import encode_prompt
 
     judge = judge if judge is not None else load_judge()
     if judge.model is lm.model:
@@ -408,7 +408,7 @@ class _Sweep:
 
 def _run_chunk(sw: _Sweep, chunk: list[dict], tick: Callable[[int], None]) -> list[dict] | None:
     """Generate one batch and score it: the finished rows, or None when stopped."""
-    from semviz.batched import generate_batch
+    from semviz.frontier.batched import generate_batch
 
     lm, cfg, judge, ids = sw.lm, sw.cfg, sw.judge, sw.ids
     prompt_emb, timings, should_stop = sw.prompt_emb, sw.timings, sw.should_stop
@@ -451,7 +451,7 @@ def _run_chunk(sw: _Sweep, chunk: list[dict], tick: Callable[[int], None]) -> li
 def _cross_sim(group: pd.DataFrame) -> float:
     import torch
 
-    from semviz.judge import cross_similarity
+    from semviz.analysis.judge import cross_similarity
 
     if len(group) < 2:
         return math.nan

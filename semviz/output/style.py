@@ -1,6 +1,6 @@
 """How semviz draws things: one colour per concept, the colour scales, and visible tokens.
 
-Every chart (:mod:`semviz.charts`, :mod:`semviz.compare`), the report's CSS and the app's CSS
+Every chart (:mod:`semviz.output.charts`, :mod:`semviz.analysis.compare`), the report's CSS and the app's CSS
 take their colours from here; no other module writes a colour literal.
 
 The palette
@@ -31,7 +31,7 @@ colours that read on white and on near-black; text, grids and backgrounds are le
 theme (Streamlit's light or dark in the app, :data:`EXPORT_TEMPLATE` in reports).
 
 Scales: probability ``Blues``, entropy ``Teal``, attention ``Viridis`` over log10 of the
-mass (see :func:`semviz.charts.attention_heatmap`), kept vs evicted the two-colour
+mass (see :func:`semviz.output.charts.attention_heatmap`), kept vs evicted the two-colour
 :data:`KV_SCALE`.
 
 Examples

@@ -10,11 +10,11 @@ written as short specs so the CLI, the app and the docs share one syntax::
     "story,temperature=0.7"          a preset with overrides
     "gravity_layers=0/1/2"           tuples use '/'; booleans are on/off
 
-All sides are decoded by their own :class:`~semviz.decoding.Decoder` over the one shared
+All sides are decoded by their own :class:`~semviz.decoding.decoder.Decoder` over the one shared
 model, one token at a time for every side, so a stop request leaves every side at the same
 length and both see the same machine load for the tokens/s figure. The sides share the
 prompt, the model and the chat template, and none evicts, so each token's forward runs them as
-rows of one batch (:func:`~semviz.decoding.step_together`); a row's logits equal its own
+rows of one batch (:func:`~semviz.decoding.together.step_together`); a row's logits equal its own
 forward's to float rounding. Each decoder draws from its own generator seeded with the same
 seed: where the kept sets agree the draws agree, so the first divergence is caused by the
 settings.
@@ -41,11 +41,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from semviz.metrics import METRIC_INFO, RunMetrics, run_metrics
-from semviz.presets import PRESETS
+from semviz.analysis.metrics import METRIC_INFO, RunMetrics, run_metrics
+from semviz.output.style import SIDES, WHATIF, rgba
+from semviz.output.trace import StepRecord, Trace
 from semviz.sampling import PruneParams, parse_field
-from semviz.style import SIDES, WHATIF, rgba
-from semviz.trace import StepRecord, Trace
+from semviz.sampling.presets import PRESETS
 
 __all__ = [
     "Comparison",
@@ -255,7 +255,7 @@ def start(
     steps : tokens to decode per side
     capture : record attention (not needed for the metrics; gravity turns it on when needed)
     """
-    from semviz.decoding import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder, DecodeSettings
 
     if not sides:
         raise ValueError("compare needs at least one side")
@@ -293,7 +293,7 @@ def advance(
     -------
     How many tokens each side advanced.
     """
-    from semviz.decoding import step_together
+    from semviz.decoding.together import step_together
 
     t0 = time.perf_counter()
     made = 0

@@ -20,7 +20,7 @@ Examples
 >>> check_out_file(p, force=False)
 Traceback (most recent call last):
 ...
-semviz.files.FileError: ... already exists: pass --force to replace it
+semviz.output.files.FileError: ... already exists: pass --force to replace it
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from semviz.model import ModelLoadError
+from semviz.model.load import ModelLoadError
 
 __all__ = [
     "JUDGE_NAME",

@@ -7,7 +7,7 @@ render.
 
 Decisions
 ---------
-- Colours come from :mod:`semviz.style`, one per concept. Figures set no template, no
+- Colours come from :mod:`semviz.output.style`, one per concept. Figures set no template, no
   background and no text colour, so the app's light or dark theme styles them; reports apply
   ``style.EXPORT_TEMPLATE`` when they write a file.
 - The selected step and the token taken are a yellow highlighter band, not an outline.
@@ -30,10 +30,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from semviz import escape, style
+from semviz.output import escape, style
+from semviz.output.style import display_token
+from semviz.output.trace import StepRecord, Trace
 from semviz.sampling import PruneParams, PruneResult, active_filters
-from semviz.style import display_token
-from semviz.trace import StepRecord, Trace
 
 TOP = 30
 MAX_COLS = 400  # context positions drawn before binning

@@ -1,0 +1,131 @@
+"""What one step of the chain produced (:class:`PruneResult`, its waterfall of
+:class:`Stage` rows) and what a sequence carries from step to step (:class:`SamplerState`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from semviz.sampling.params import PruneParams
+from semviz.sampling.thermo import LN2
+
+
+@dataclass
+class Stage:
+    """One waterfall row: how many tokens survived the stage and what mass it removed.
+
+    ``mass_removed`` is a fraction of the mass entering the stage, measured on the
+    distribution the stage looks at.
+    """
+
+    name: str
+    n_kept: int
+    mass_removed: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SamplerState:
+    """Mutable per-sequence state: mirostat's mu, the controllers, histories.
+
+    The attention EMA of gravity's ``"ema"`` mass is kept by position with the gravity
+    context (:class:`semviz.gravity.ContextPull`), not here.
+
+    :func:`~semviz.sampling.prune` only reads it; :func:`~semviz.sampling.choose` (or
+    :meth:`observe`) advances it once the step's token is known. Replay should work on a
+    :meth:`copy`.
+    """
+
+    mirostat_mu: float | None = None
+    last_temperature: float | None = None
+    tokens: list[int] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    def copy(self) -> SamplerState:
+        return SamplerState(
+            mirostat_mu=self.mirostat_mu,
+            last_temperature=self.last_temperature,
+            tokens=list(self.tokens),
+            entropies=list(self.entropies),
+            steps=self.steps,
+        )
+
+    def observe(self, result: PruneResult, index: int, token_id: int | None = None) -> None:
+        """Advance the state with the token chosen at this step.
+
+        Parameters
+        ----------
+        result : the step's :class:`~semviz.sampling.PruneResult`.
+        index : position of the chosen token in the index set.
+        token_id : vocabulary id (defaults to ``index``, right for full-vocabulary logits).
+        """
+        self.tokens.append(int(index if token_id is None else token_id))
+        self.entropies.append(float(result.entropy_raw))
+        self.last_temperature = float(result.temperature)
+        self.steps += 1
+        if result.mirostat_mu is not None:
+            q = float(result.index_probs["final"][index])
+            surprise = -math.log2(max(q, 1e-45))  # bits
+            self.mirostat_mu = result.mirostat_mu - result.mirostat_eta * (
+                surprise - result.mirostat_tau
+            )
+
+
+@dataclass
+class PruneResult:
+    """What :func:`prune` found for one step (everything over the index set ``(K,)``)."""
+
+    index_probs: dict[str, Tensor]  # "raw", "gravity", "temperature", "final": (K,) each
+    kept: Tensor  # (K,) bool
+    waterfall: list[Stage]
+    entropy_raw: float
+    varentropy_raw: float
+    entropy_sampled: float
+    temperature: float
+    free_energy: float
+    n_kept: int
+    fallback: str | None
+    gravity: Tensor | None
+    greedy: bool
+    scores: Tensor  # (K,) adjusted score s = x + λG (−inf where removed by rerank)
+    argmax: int
+    params: PruneParams
+    tail_mass: float = 0.0
+    gravity_dominance: float | None = None
+    mirostat_mu: float | None = None
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    state: SamplerState | None = None
+    _observed: bool = False
+
+    @property
+    def entropy_raw_bits(self) -> float:
+        return self.entropy_raw / LN2
+
+    @property
+    def entropy_sampled_bits(self) -> float:
+        return self.entropy_sampled / LN2
+
+    @property
+    def varentropy_raw_bits(self) -> float:
+        return self.varentropy_raw / LN2**2
+
+    @property
+    def effective_candidates_raw(self) -> float:
+        """``exp(H_raw)``: how many equally likely tokens the raw distribution is worth."""
+        return math.exp(self.entropy_raw)
+
+    @property
+    def effective_candidates(self) -> float:
+        """``exp(H_sampled)`` of the distribution actually sampled from."""
+        return math.exp(self.entropy_sampled)
+
+    @property
+    def probs(self) -> Tensor:
+        return self.index_probs["final"]
