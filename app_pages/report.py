@@ -99,28 +99,29 @@ if trace is not None:
     build = c2.button("Build report", type="primary", key="report_build")
     c3.button("Stop", key="report_stop", help="Ends the PNG export after the current image.")
     if build:
-        out = Path(tempfile.mkdtemp(prefix="semviz-report-"))
-        store.update({"dir": str(out), "zip": None, "done": False, "started": time.time()})
+        store.update({"zip": None, "done": False, "pngs": 0, "started": time.time()})
         bar = st.progress(0.0, text="starting…")
 
         def progress(msg: str, frac: float) -> None:
             bar.progress(min(max(frac, 0.0), 1.0), text=msg)  # a Stop click interrupts here
 
-        try:
-            rep = report.build(trace, out, tokenizer=tok, selected=selected, png=pngs,
-                               progress=progress, whatif=wi)  # fmt: skip
-            store["done"] = True
-            store["pngs"] = len(rep.pngs)
-        except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
-            st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")
-        store["zip"] = report.zip_bytes(out)
-    if store.get("dir") and Path(store["dir"]).exists():
-        if store.get("zip") is None:  # stopped mid-way: zip what is there
-            store["zip"] = report.zip_bytes(store["dir"])
-        n_png = len(list(Path(store["dir"]).glob("png/*.png")))
+        # The folder lives only while the report is built: its zip is what the page keeps, and
+        # the folder goes even when Stop or an error ends the build early.
+        with tempfile.TemporaryDirectory(prefix="semviz-report-") as tmp:
+            out = Path(tmp)
+            try:
+                report.build(trace, out, tokenizer=tok, selected=selected, png=pngs,
+                             progress=progress, whatif=wi)  # fmt: skip
+                store["done"] = True
+            except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
+                st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")
+            finally:
+                store["pngs"] = len(list(out.glob("png/*.png")))
+                store["zip"] = report.zip_bytes(out)
+    if store.get("zip") is not None:
         state = "complete" if store.get("done") else "stopped early"
         st.success(
-            f"Report {state}: report.html, trace.json, trace.parquet and {n_png} PNGs.",
+            f"Report {state}: report.html, trace.json, trace.parquet and {store['pngs']} PNGs.",
             icon=":material/inventory_2:",
         )
         st.download_button(

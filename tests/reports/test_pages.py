@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -107,8 +109,11 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     at.switch_page("app_pages/report.py").run()
     no_errors(at)
     at.toggle(key="report_png").set_value(False).run()
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("semviz-report-*"))
     at.button(key="report_build").click().run()
     no_errors(at)
+    assert set(tmp.glob("semviz-report-*")) == before  # the page keeps the zip, not the folder
     store = at.session_state["semviz"].extra["report"]
     assert store["done"]
     with zipfile.ZipFile(io.BytesIO(store["zip"])) as z:
