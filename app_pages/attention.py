@@ -34,6 +34,10 @@ if page.need_trace(ctx):
         st.info("This run did not capture attention.")
     else:
         st.subheader(f"Step {i}: attention of the last query, layers × context")
+        st.caption(
+            f"The query is the one that chose step {i}'s token: the last position of the "
+            "context at that step (the prompt's last token at step 0, else the token before)."
+        )
         labels = ctx.context_labels(rec.cache_positions.tolist())
         fig = charts.attention_heatmap(
             rec.attention.float().numpy(), labels, layers=layers, heads=heads, window=window

@@ -7,7 +7,7 @@ import streamlit as st
 
 from semviz.decoding.decoder import encode_prompt
 from semviz.model.forward import kv_bytes_per_token, prefill_scan
-from semviz.output import charts, style
+from semviz.output import charts, escape, style
 from ui import page, server, views
 from ui.errors import guard
 
@@ -19,6 +19,15 @@ if lm is None:
     st.stop()
 
 summary = lm.summary()
+if summary["source"].startswith("gguf:"):
+    # A quantised file is dequantised for torch: the weights are exact, but they are the
+    # quantised model's, so its probabilities are the 4- or 8-bit model's, not the original's.
+    quant = summary["source"].removesuffix(".gguf").rsplit(".", 1)[-1]
+    st.caption(
+        f"Model **{escape.markdown(summary['name'])}** is the GGUF file "
+        f"{escape.markdown(summary['source'][5:])}, dequantised to {summary['dtype']}: "
+        f"its probabilities are those of the {escape.markdown(quant)}-quantised model."
+    )
 st.subheader("1 · Tokenisation: the prompt as subword tokens")
 ids = None
 with guard("tokenising the prompt"):

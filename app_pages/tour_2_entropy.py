@@ -11,14 +11,18 @@ ctx = page.context("Tour 2 · Log entropy only")
 views.page_css()
 tour.header(
     2,
-    "record the semantic entropy of every step without changing what the sampler does.",
+    "record the entropy of every step's next-token distribution without changing what the "
+    "sampler does.",
 )
 st.markdown(
     r"""
 The entropy of the next-token distribution, $H = -\sum_w p(w)\log p(w)$ (nats), says how
-unsure the model is: $e^H$ is the effective number of candidates. Logging it costs one
-softmax the sampler computes anyway, and **changes no token**: semviz records it on every
-step whatever the settings, so the run you made with the baseline is already logged.
+unsure the model is about its next token: $e^H$ is the effective number of candidates. It is
+token-level predictive entropy: two tokens that mean the same thing count as two outcomes, so
+it is not the semantic entropy of Kuhn et al. (2023), which clusters whole answers by meaning.
+Logging it costs one softmax the sampler computes anyway, and **changes no token**: semviz
+records it on every step whatever the settings, so the run you made with the baseline is
+already logged.
 """
 )
 if page.need_trace(ctx):

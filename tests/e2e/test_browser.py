@@ -135,6 +135,8 @@ def test_pages_step_slider_screenshots(browser, app_url):
             goto(page, title)
             no_traceback(page)
             if slug == "pipeline":
+                body = page.inner_text("body")
+                assert "dequantised to float32" in body and "Q4_1-quantised model" in body
                 click(page, "Measure prefill times")
             if slug == "kv_cache":
                 page.get_by_role("button", name="Run kv-eval").click()
