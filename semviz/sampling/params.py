@@ -84,7 +84,8 @@ class FieldSpec:
     select box, ``False`` for a field the sidebar does not show; ``app_default`` replaces
     the field's default in the app. ``gravity`` is ``"shape"`` for a field that changes
     gravity's ``G``, ``"use"`` for one that changes how ``G`` enters the score, else ``""``.
-    ``choices`` may be a live registry (``semviz.gravity.KINDS``): it is read when used.
+    ``choices`` is a tuple of the allowed values, read at each use from ``choice_source``
+    (``setting(choices=...)``), which may be a live registry (``semviz.gravity.KINDS``).
     """
 
     kind: str
@@ -93,7 +94,7 @@ class FieldSpec:
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
-    choices: Sequence = ()
+    choice_source: Sequence = ()
     note: str = ""
     app: bool | tuple[float, float, float] = False
     label: str = ""
@@ -101,6 +102,11 @@ class FieldSpec:
     shown_if: tuple[str, Any] | None = None
     app_default: Any = _UNSET
     gravity: str = ""
+
+    @property
+    def choices(self) -> tuple:
+        """The allowed values as they stand (a registry may have grown since declaration)."""
+        return tuple(self.choice_source)
 
     # -- text ------------------------------------------------------------------------------
     def range_text(self) -> str:
@@ -197,6 +203,8 @@ class FieldSpec:
 def setting(default: Any, help: str, **spec: Any) -> Any:
     """A dataclass field with its :class:`FieldSpec` (``kind`` follows from ``default``)."""
     kind = spec.pop("kind", None) or _kind_of(default, spec)
+    if "choices" in spec:
+        spec["choice_source"] = spec.pop("choices")
     return field(default=default, metadata={"spec": FieldSpec(kind=kind, help=help, **spec)})
 
 
