@@ -124,6 +124,7 @@ class GravityKind:
 
     name: ClassVar[str]
     label: ClassVar[str] = ""
+    has_terms: ClassVar[bool] = False  # True when :meth:`terms` splits G over the context
 
     def reads(self, params: Any) -> frozenset[str]:
         """What ``G`` needs beyond the token ids and the step's logits: ``"attention"`` (the

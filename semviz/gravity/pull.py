@@ -182,7 +182,7 @@ def _pulls(model, params, steps: Sequence[GravityStep], chained: bool) -> list[C
 class Pull(GravityKind):
     """``G(w) = Σ_i m_i·sim(w, t_i)``, z-scored over the vocabulary, then the guards."""
 
-    name, label = "pull", "pull"
+    name, label, has_terms = "pull", "pull", True
 
     def reads(self, params):
         out = set(get_mass(params.gravity_mass).reads)

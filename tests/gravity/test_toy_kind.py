@@ -13,8 +13,9 @@ from semviz import gravity as gv
 from semviz.analysis.replay import recompute_gravity
 from semviz.cli import main
 from semviz.decoding.decoder import Decoder, DecodeSettings
+from semviz.output import charts
 from semviz.sampling import PruneParams
-from tests.app.conftest import app  # noqa: F401 (the app on the tiny model)
+from tests.app.conftest import app, run_steps  # noqa: F401 (app: the app on the tiny model)
 from tests.gravity.test_generate import PROMPTS, STEPS, _generate
 
 LAM = 2.0
@@ -105,6 +106,13 @@ def test_the_toy_mass_weighs_by_position(toys):
     torch.testing.assert_close(m, torch.tensor([1.0, 2.0, 3.0, 4.0]) / 10)
 
 
+def test_the_chain_chart_names_the_kind(toys):
+    stages = dict(charts.chain_stages(PruneParams(gravity_lambda=0.5, gravity_kind="toy")))
+    assert stages["gravity"] == "s = log P + 0.5·G (echo, full vocabulary)"
+    stages = dict(charts.chain_stages(PruneParams(gravity_lambda=1.0)))  # the default kind
+    assert stages["gravity"] == "s = log P + 1·G (contrast, last 8 tokens, full vocabulary)"
+
+
 def test_the_cli_takes_them(toys, tiny_dir, tmp_path, capsys):
     out = tmp_path / "t.json"
     argv = ["trace", "--model", str(tiny_dir), "--prompt", "The sea", "--steps", "3",
@@ -134,3 +142,8 @@ def test_the_sidebar_offers_them(toys, app):  # noqa: F811 (the fixture imported
     app.selectbox(key="s_gravity_kind").set_value("toy").run()
     assert not app.exception
     assert app.query_params["gravity_kind"] == "toy"  # and the link carries it
+    run_steps(app, 2)
+    app.switch_page("app_pages/attention.py").run()
+    assert not app.exception
+    said = [i.value for i in app.info]
+    assert "Echo gravity is not a sum over the context, so it has no per-token terms." in said
