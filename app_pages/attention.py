@@ -66,8 +66,11 @@ if page.need_trace(ctx):
     dec = ctx.decoder
     if params is None or dec is None:
         st.info("Fix the sampling settings to see the gravity terms.")
-    elif params.gravity_kind == "contrast":
-        st.info("Contrast gravity compares two forwards, so it has no per-token terms.")
+    elif not (kind := gravity.get_kind(params.gravity_kind)).has_terms:
+        st.info(
+            f"{(kind.label or kind.name).capitalize()} gravity is not a sum over the context, "
+            "so it has no per-token terms."
+        )
     else:
         with guard("computing gravity terms"):
             pos, terms = gravity.gravity_terms(

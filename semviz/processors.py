@@ -27,6 +27,8 @@ torch.Size([1, 6])
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,7 +41,14 @@ from transformers import LogitsProcessor
 from semviz import gravity as grav
 from semviz import sampling as core
 from semviz.gravity import in_side_forward
-from semviz.sampling import LN2, PruneParams, adaptive_temperature, get_filter, mirostat_mask
+from semviz.sampling import (
+    LN2,
+    SPECS,
+    PruneParams,
+    adaptive_temperature,
+    get_filter,
+    mirostat_mask,
+)
 
 __all__ = [
     "EntropyAdaptiveTemperatureLogitsWarper",
@@ -533,26 +542,12 @@ def capture_attention(model: torch.nn.Module) -> Iterator:
         handle.remove()
 
 
-# keyword -> PruneParams field, for the gravity processor's arguments
-_GRAVITY_ARGS = {
-    "kind": "gravity_kind",
-    "mass": "gravity_mass",
-    "sim": "gravity_sim",
-    "space": "gravity_space",
-    "mode": "gravity_mode",
-    "rerank_k": "rerank_k",
-    "layers": "gravity_layers",
-    "heads": "gravity_heads",
-    "ema_decay": "ema_decay",
-    "anchor": "gravity_anchor",
-    "window": "gravity_window",
-    "sinks": "gravity_sinks",
-    "skip_template": "gravity_skip_template",
-    "ngram": "gravity_ngram",
-    "copy_cos": "gravity_copy_cos",
-    "attract_only": "gravity_attract_only",
-    "floor": "gravity_floor",
-    "contrast_k": "gravity_contrast_k",
+# gravity's PruneParams fields (declared with gravity=...) as the processor's keywords, named
+# without their gravity_ prefix; λ is the second positional argument
+_GRAVITY_ARGS: dict[str, str] = {
+    name.removeprefix("gravity_"): name
+    for name, spec in SPECS.items()
+    if spec.gravity and name != "gravity_lambda"
 }
 
 
@@ -562,34 +557,21 @@ class _Row:
 
     pad: int  # left-padding positions before the row's first real token
     roles: Tensor  # (P,) prompt roles (semviz.gravity.prompt_roles)
-    ema: Tensor | None = None  # (T,) attention EMA by the row's own positions
-    pull: Tensor | None = None  # (d,) last pull, and its raw G, reused while it is unchanged
-    raw: Tensor | None = None  # (V,)
-
-
-class _Embedding(torch.nn.Module):
-    """A bare embedding matrix dressed as a model, for gravity without an LM (tests, demos)."""
-
-    def __init__(self, weight: Tensor) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding.from_pretrained(weight.detach(), freeze=True)
-
-    def get_input_embeddings(self) -> torch.nn.Embedding:
-        return self.embed
-
-    def get_output_embeddings(self) -> None:
-        return None
+    ema: Tensor | None = None  # what the mass source carries (the attention EMA by position)
 
 
 class NarrativeGravityLogitsProcessor(LogitsProcessor):
     """Adds ``λ·G`` to ``log_softmax(scores)``: narrative gravity inside ``model.generate``.
 
-    Every argument left ``None`` takes :class:`~semviz.sampling.PruneParams`' default, so
+    Each gravity setting of :class:`~semviz.sampling.PruneParams` (a field declared with
+    ``gravity=``) is a keyword argument named without its ``gravity_`` prefix: ``kind``,
+    ``mass``, ``sim``, ``space``, ``anchor``, ``mode``, ``rerank_k``, ``ema_decay``, …
+    (``help()`` lists them all). One left out takes ``PruneParams``' default, so
     ``NarrativeGravityLogitsProcessor(lm, 0.5)`` is the default gravity at λ 0.5 (coherence
-    boosting; with only an ``embedding`` matrix, a pull), and each
-    row's ``G`` is the one the :class:`~semviz.decoding.decoder.Decoder` computes for the same context
-    (:func:`semviz.gravity.context_pull`). See :mod:`semviz.gravity` for the kinds, anchors,
-    mass sources and spaces. ``from_params`` builds one from a ``PruneParams``.
+    boosting; with only an ``embedding`` matrix, a pull). Each row's ``G`` comes from
+    :func:`semviz.gravity.compute`, the call the :class:`~semviz.decoding.decoder.Decoder`
+    makes, so it is the ``G`` the decoder computes for the same context. ``from_params``
+    builds one from a ``PruneParams``.
 
     Batches: rows may be left-padded. Padding is the leading run of ``pad_token_id`` in the
     first call's ``input_ids`` (pass ``attention_mask`` to say it exactly). Per-row state
@@ -598,17 +580,19 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
     ``model``) so that chat-template tokens and the system prompt are recognised; without
     it only the model's bos/eos/pad ids are.
 
-    Two kinds of mass or space need what the forward pass saw:
+    What the gravity reads from the forward pass (:func:`semviz.gravity.reads`) comes from
+    a sink:
 
-    - ``mass="attention"`` / ``"ema"``: pass ``attention_sink`` from
+    - the attention (``mass="attention"`` / ``"ema"``): pass ``attention_sink`` from
       :func:`capture_attention`::
 
           with capture_attention(model) as sink:
-              proc = NarrativeGravityLogitsProcessor(model, 0.5, mass="attention",
-                                                     attention_sink=sink)
+              proc = NarrativeGravityLogitsProcessor(model, 0.5, kind="pull",
+                                                     mass="attention", attention_sink=sink)
               model.generate(ids, do_sample=True, logits_processor=[proc])
 
-    - ``space="hidden"`` / ``"contextual"``: pass ``hidden_sink`` from :func:`capture_hidden`.
+    - the hidden states (``space="hidden"`` / ``"contextual"``): pass ``hidden_sink`` from
+      :func:`capture_hidden`.
 
     ``kind="contrast"`` (coherence boosting) runs the model on each row's last
     ``contrast_k`` tokens at every step. ``mode="rerank"`` keeps only the top ``rerank_k``
@@ -633,64 +617,43 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
         *,
         embedding: Tensor | None = None,
         tokenizer: Any = None,
-        kind: str | None = None,
-        mass: str | None = None,
-        sim: str | None = None,
-        space: str | None = None,
-        mode: str | None = None,
-        rerank_k: int | None = None,
-        layers: tuple[int, ...] | None = None,
-        heads: tuple[int, ...] | None = None,
-        ema_decay: float | None = None,
-        anchor: str | None = None,
-        window: int | None = None,
-        sinks: int | None = None,
-        skip_template: bool | None = None,
-        ngram: int | None = None,
-        copy_cos: float | None = None,
-        attract_only: bool | None = None,
-        floor: float | None = None,
-        contrast_k: int | None = None,
         attention_sink=None,
         hidden_sink: HiddenSink | None = None,
         pad_token_id: int | None = None,
         attention_mask: Tensor | None = None,
         filter_value: float = -float("inf"),
         min_tokens_to_keep: int = 1,
+        **gravity: Any,
     ) -> None:
         if hasattr(model, "model") and hasattr(model, "tokenizer"):  # a semviz LoadedModel
             tokenizer = model.tokenizer if tokenizer is None else tokenizer
             model = model.model
         if model is None and embedding is None:
             raise ValueError("`model` or `embedding` is required")
-        if model is None and kind is None:
-            kind = "pull"  # a bare embedding matrix can only pull: contrast needs the LM
+        for name in gravity:
+            if name not in _GRAVITY_ARGS:
+                close = difflib.get_close_matches(name, list(_GRAVITY_ARGS), n=1)
+                hint = f" (did you mean `{close[0]}`?)" if close else ""
+                raise ValueError(
+                    f"`{name}` is not an argument of NarrativeGravityLogitsProcessor{hint}"
+                )
+        if model is None and gravity.get("kind") is None:
+            gravity["kind"] = grav.Pull.name  # a bare embedding matrix can only pull
         if not isinstance(gravity_lambda, (int, float)) or not math.isfinite(gravity_lambda):
             raise ValueError(f"`gravity_lambda` has to be a finite float, got {gravity_lambda!r}")
-        given = dict(
-            kind=kind, mass=mass, sim=sim, space=space, mode=mode, rerank_k=rerank_k,
-            layers=tuple(layers) if layers is not None else None,
-            heads=tuple(heads) if heads is not None else None,
-            ema_decay=ema_decay, anchor=anchor, window=window, sinks=sinks,
-            skip_template=skip_template, ngram=ngram, copy_cos=copy_cos,
-            attract_only=attract_only, floor=floor, contrast_k=contrast_k,
-        )  # fmt: skip
-        kw = {_GRAVITY_ARGS[k]: v for k, v in given.items() if v is not None}
+        kw = {_GRAVITY_ARGS[k]: v for k, v in gravity.items() if v is not None}
         self.params = _params(
             gravity_lambda=float(gravity_lambda), min_tokens_to_keep=min_tokens_to_keep, **kw
         )
         p = self.params
-        if grav.reads_hidden(p) and hidden_sink is None:
-            raise ValueError(
-                f"`hidden_sink` is required for space={p.gravity_space!r} (see capture_hidden)"
-            )
-        needs_lm = p.gravity_space != "embedding" or p.gravity_kind == "contrast"
-        if model is None and p.gravity_lambda != 0 and (needs_lm or p.gravity_mass == "info"):
-            raise ValueError(
-                "`model` is required for mass='info', the hidden spaces and kind='contrast'"
-            )
-        if grav.reads_attention(p) and attention_sink is None:
-            raise ValueError(f"`attention_sink` is required for mass={p.gravity_mass!r}")
+        need = grav.reads(p)
+        what = f"{p.gravity_kind} gravity ({grav.describe(p)})"
+        if "hidden" in need and hidden_sink is None:
+            raise ValueError(f"`hidden_sink` is required: {what} reads the hidden states (see capture_hidden)")  # fmt: skip
+        if "model" in need and model is None:
+            raise ValueError(f"`model` is required: {what} runs the language model itself")
+        if "attention" in need and attention_sink is None:
+            raise ValueError(f"`attention_sink` is required: {what} reads the attention (see capture_attention)")  # fmt: skip
         self.model, self.embedding, self.tokenizer = model, embedding, tokenizer
         self.attention_sink, self.hidden_sink = attention_sink, hidden_sink
         if pad_token_id is None and tokenizer is not None:
@@ -700,7 +663,9 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
         self.pad_token_id = pad_token_id
         self.attention_mask = attention_mask
         self.filter_value = float(filter_value)
+        self._source = model if model is not None else grav.BareEmbedding(embedding)
         self._rows: list[_Row] = []
+        self._memo: dict = {}  # the last call's pull projections (semviz.gravity.Pull)
         self._len = -1
         self.last_gravity: Tensor | None = None  # (B, V) G of the last call
 
@@ -714,17 +679,9 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
             model, params.gravity_lambda, min_tokens_to_keep=params.min_tokens_to_keep, **args
         )
 
-    def _source(self) -> torch.nn.Module:
-        if self.model is None:
-            self.model_for_embedding = getattr(self, "model_for_embedding", None) or _Embedding(
-                self.embedding
-            )
-            return self.model_for_embedding
-        return self.model
-
     def _new_rows(self, input_ids: Tensor) -> list[_Row]:
         B, N = input_ids.shape
-        special = grav._model_special_ids(self.model) if self.model is not None else []
+        special = grav.model_special_ids(self.model) if self.model is not None else []
         rows = []
         for b in range(B):
             ids = input_ids[b].long().cpu()
@@ -740,16 +697,16 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
         return rows
 
     def gravity(self, input_ids: Tensor, scores: Tensor | None = None) -> Tensor:
-        """``G`` ``(B, V)`` for each row of ``input_ids`` (B, N); ``scores`` for kind contrast."""
+        """``G`` ``(B, V)`` for each row of ``input_ids`` (B, N); ``scores`` (B, V) for a kind
+        that reads the step's logits (``contrast``)."""
         p = self.params
         B, N = input_ids.shape
         if len(self._rows) != B or N != self._len + 1:
-            self._rows = self._new_rows(input_ids)
+            self._rows, self._memo = self._new_rows(input_ids), {}
         self._len = N
-        if p.gravity_kind == "contrast":
-            return self._contrast(input_ids, scores)
+        need = grav.get_kind(p.gravity_kind).reads(p.gravity_params)
         attn = None
-        if p.gravity_mass in ("attention", "ema"):
+        if "attention" in need:
             attn = self.attention_sink.stacked().float()  # (L, B, H, S)
             if attn.shape[-1] != N:
                 raise ValueError(
@@ -757,7 +714,7 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
                     "open capture_attention around this generate call only"
                 )
         hidden = None
-        if p.gravity_space != "embedding":
+        if "hidden" in need:
             hidden = self.hidden_sink.get()  # (B, N, d)
             if hidden is None or hidden.shape[1] != N:
                 got = 0 if hidden is None else hidden.shape[1]
@@ -765,40 +722,21 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
                     f"hidden_sink holds {got} positions but input_ids has {N}: "
                     "open capture_hidden around this generate call only"
                 )
-        out = []
+        steps = []
         for b, row in enumerate(self._rows):
-            ids = input_ids[b, row.pad :].long().cpu()  # (T,) the row without its padding
             ctx = grav.GravityContext(
-                ids=ids,
+                ids=input_ids[b, row.pad :].long().cpu(),  # (T,) the row without its padding
                 roles=row.roles,
                 attention=None if attn is None else attn[:, b, :, row.pad :],  # (L, H, T)
                 hidden=None if hidden is None else hidden[b, row.pad :],  # (T, d)
                 ema=row.ema,
             )
-            cp = grav.context_pull(self._source(), p, ctx)
-            row.ema = cp.ema
-            if row.pull is None or not torch.equal(row.pull, cp.pull):
-                # a prompt-anchored pull does not change: its (V, d) product runs once
-                row.pull = cp.pull
-                row.raw = grav.project(
-                    self._source(), cp.pull[None], p.gravity_space, p.gravity_sim
-                )[0]
-            out.append(grav.finish_gravity(self._source(), row.raw, p, ids))  # (V,)
-        return torch.stack(out)  # (B, V)
-
-    def _contrast(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        """Coherence boosting: ``log P(w|C) - log P(w|last k tokens)`` per row. (B, V)"""
-        k = self.params.gravity_contrast_k
-        rows = [input_ids[b, row.pad :].long().cpu() for b, row in enumerate(self._rows)]
-        wins = [r[-k:] for r in rows]
-        if len({w.numel() for w in wins}) == 1:
-            short = grav.short_window_logits(self.model, torch.stack(wins))  # (B, V)
-        else:  # rows shorter than k: one forward each
-            short = torch.cat([grav.short_window_logits(self.model, w) for w in wins])
-        g = grav.contrast_gravity(scores.float().cpu(), short[:, : scores.shape[-1]])  # (B, V)
-        return torch.stack(
-            [grav.finish_gravity(self.model, g[b], self.params, r) for b, r in enumerate(rows)]
-        )
+            logits = None if scores is None else scores[b].float().cpu()  # (V,)
+            steps.append(grav.GravityStep(ctx=ctx, logits=logits))
+        outs = grav.compute(self._source, p, steps, batched=True, memo=self._memo)
+        for row, out in zip(self._rows, outs, strict=True):
+            row.ema = out.ema
+        return torch.stack([out.gravity for out in outs])  # (B, V)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         p = self.params
@@ -816,3 +754,16 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
             cand = core.top_k_mask(x, p.rerank_k, p.min_tokens_to_keep, "stable")  # (B, V)
             out = out.masked_fill(~cand, self.filter_value)
         return out.to(scores.dtype)
+
+
+def _gravity_signature() -> inspect.Signature:
+    """``__init__``'s signature with every gravity keyword spelled out, for ``help()``."""
+    sig = inspect.signature(NarrativeGravityLogitsProcessor.__init__)
+    kw = inspect.Parameter.KEYWORD_ONLY
+    named = [q for q in sig.parameters.values() if q.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(a, kw, default=None) for a in _GRAVITY_ARGS]
+    at = [q.name for q in named].index("attention_sink")
+    return sig.replace(parameters=named[:at] + extra + named[at:])
+
+
+NarrativeGravityLogitsProcessor.__init__.__signature__ = _gravity_signature()  # type: ignore[attr-defined]

@@ -7,12 +7,13 @@ changed choice comes from the settings alone. The first step whose choice change
 point where "regenerate from here" would continue.
 
 Gravity needs the context's vectors. When the settings ask for a gravity the trace did not
-record (λ was 0, or another kind / mass source / anchor / space), it is recomputed over the
-recorded candidates through the live run's own :func:`semviz.gravity.context_pull`, from the
-recorded attention, prompt roles and the model's embeddings: one ``(V, d)`` product per
-distinct pull vector (a prompt-anchored pull is one for the whole trace), cached per gravity
-configuration. Contrast gravity reruns each step's short forward. Without a model, the
-recorded gravity is used and the result says so in ``note``.
+record (λ was 0, or any field that shapes ``G`` differs: ``PruneParams.gravity_params``), it
+is recomputed over the recorded candidates through the live run's own
+:func:`semviz.gravity.compute`, from the recorded attention, prompt roles and the model's
+embeddings: for a pull one ``(V, d)`` product per distinct pull vector (a prompt-anchored
+pull is one for the whole trace), for a contrast each step's short forward; cached per
+gravity configuration. Without a model, the recorded gravity is used and the result says so
+in ``note``.
 
 Examples
 --------
@@ -41,9 +42,7 @@ import torch
 from semviz import gravity as grav
 from semviz import sampling
 from semviz.output.trace import Trace
-from semviz.sampling import PruneParams, PruneResult, check_model_shape
-
-_GRAVITY_KEYS = grav.GRAVITY_FIELDS
+from semviz.sampling import GRAVITY_FIELDS, PruneParams, PruneResult, check_model_shape
 
 
 @dataclass
@@ -79,11 +78,19 @@ class WhatIf:
 
 def _recorded_gravity_config(trace: Trace) -> dict:
     p = trace.settings.get("params", {}) if isinstance(trace.settings, dict) else {}
-    out = {k: p.get(k) for k in _GRAVITY_KEYS}
+    out = {k: p.get(k) for k in GRAVITY_FIELDS}
     for k in ("gravity_layers", "gravity_heads"):
         if isinstance(out[k], list):
             out[k] = tuple(out[k])
     return out
+
+
+def _missing(trace: Trace, hidden: torch.Tensor | None, upto: int) -> frozenset[str]:
+    """What a recorded run cannot give gravity (see ``semviz.gravity.GravityKind.reads``)."""
+    out = set() if hidden is not None else {"hidden"}
+    if any(s.attention is None for s in trace.steps[:upto]):
+        out.add("attention")
+    return frozenset(out)
 
 
 def recompute_gravity(
@@ -95,46 +102,36 @@ def recompute_gravity(
 ) -> list[torch.Tensor | None]:
     """``G`` over each step's recorded candidates, for ``params``. [(K,)]
 
-    Every step's context goes through :func:`semviz.gravity.context_pull` as in the live
-    run, so at the recorded settings this is the gravity the run recorded. ``hidden``
-    (T, d) final normed hidden states (the live decoder's) are needed for the hidden
-    spaces; without them the embedding space is used. Kind ``contrast`` runs the short
-    forward of each step (the long one's log-probabilities are the recorded ones).
+    Every step goes through :func:`semviz.gravity.compute`, the live run's own call, with
+    the context the step recorded (tokens, prompt roles, attention, cache positions) and its
+    candidates' log-probabilities, so at the recorded settings this is the gravity the run
+    recorded. ``hidden`` (T, d) final normed hidden states (the live decoder's) are needed
+    for the hidden spaces; without them the kind does without (:meth:`degrade`: a pull uses
+    the embedding space).
     """
     steps = trace.steps[: upto if upto is not None else len(trace.steps)]
     if not steps:
         return []
-    if params.gravity_space != "embedding" and hidden is None:
-        params = params.replace(gravity_space="embedding")
-    if params.gravity_kind == "contrast":
-        return [_contrast_on_record(model, trace, params, i) for i in range(len(steps))]
-    pulls = grav.trace_pulls(model, params, trace, hidden=hidden, upto=len(steps))
-    index: dict[bytes, int] = {}  # a prompt-anchored pull repeats: project each one once
-    uniq: list[torch.Tensor] = []
-    for cp in pulls:
-        key = cp.pull.numpy().tobytes()
-        if key not in index:
-            index[key] = len(uniq)
-            uniq.append(cp.pull)
-    with torch.inference_mode():
-        raw = grav.project(model, torch.stack(uniq), params.gravity_space, params.gravity_sim)
-        z = [grav.normalize_gravity(r) for r in raw]  # each (V,), z-scored as live
-    out = []
-    for i, (rec, cp) in enumerate(zip(steps, pulls, strict=True)):
-        cand = rec.cand_ids.long()
-        g = z[index[cp.pull.numpy().tobytes()]][cand]  # (K,)
-        ids = grav.trace_context(trace, i).ids
-        out.append(grav.finish_gravity(model, g, params, ids, cand, normalize=False))
-    return out
+    params, _ = _degraded(trace, params, hidden, len(steps))
+    todo = [
+        grav.GravityStep(
+            ctx=grav.trace_context(trace, i, hidden=hidden), logits=rec.cand_logits,
+            lse=rec.lse, index=rec.cand_ids.long(),
+        )
+        for i, rec in enumerate(steps)
+    ]  # fmt: skip
+    return [out.gravity for out in grav.compute(model, params, todo, chained=True)]
 
 
-def _contrast_on_record(model, trace: Trace, params: PruneParams, i: int) -> torch.Tensor:
-    rec = trace.steps[i]
-    ids = grav.trace_context(trace, i).ids  # (T,)
-    short = grav.short_window_logits(model, ids[-params.gravity_contrast_k :])[0]  # (V,)
-    cand = rec.cand_ids.long()
-    g = (rec.cand_logits.float() - rec.lse) - grav.log_probs(short)[cand]  # (K,)
-    return grav.finish_gravity(model, g, params, ids, cand)
+def _degraded(
+    trace: Trace, params: PruneParams, hidden: torch.Tensor | None, upto: int
+) -> tuple[PruneParams, str | None]:
+    """``params`` with the gravity settings a recorded run can give, and why they changed."""
+    kind = grav.get_kind(params.gravity_kind)
+    g, note = kind.degrade(params.gravity_params, _missing(trace, hidden, upto))
+    if note is None:
+        return params, None
+    return params.replace(**{k: getattr(g, k) for k in GRAVITY_FIELDS}), note
 
 
 class GravityCache:
@@ -149,7 +146,7 @@ class GravityCache:
             id(trace),
             len(trace.steps),
             trace.steps[-1].token_id if trace.steps else None,
-            tuple(getattr(params, k) for k in _GRAVITY_KEYS),
+            params.gravity_params,
             hidden is not None,
         )
         if key != self._key:
@@ -164,7 +161,7 @@ def _needs_new_gravity(trace: Trace, params: PruneParams) -> bool:
     if any(s.gravity is None for s in trace.steps):
         return True
     rec = _recorded_gravity_config(trace)
-    return any(rec[k] != getattr(params, k) for k in _GRAVITY_KEYS)
+    return any(rec[k] != getattr(params, k) for k in GRAVITY_FIELDS)
 
 
 def replay_steps(
@@ -255,8 +252,7 @@ def replay(
         else:
             cache = gravity_cache or GravityCache()
             gravities = cache.get(model, trace, params, hidden)
-            if params.gravity_space != "embedding" and hidden is None:
-                note = "Hidden-space gravity needs the live run's hidden states; using embeddings."
+            note = _degraded(trace, params, hidden, len(trace.steps))[1]
     state = sampling.SamplerState()
     results, chosen = replay_steps(trace, params, gravities, state=state)
     w = WhatIf(params=params, n=0, results=[], chosen=[], token_ids=[], first_diff=None,

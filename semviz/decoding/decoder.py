@@ -257,58 +257,32 @@ class Decoder:
         self, h: torch.Tensor, attention: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """Logits for the last position, gravity ``G`` when it is on, and the seconds spent
-        on gravity's own work (everything but the model's share). (V,), (V,) or None, float
+        on gravity's own work (everything but the LM head's share). (V,), (V,) or None, float
 
-        A pull's (V, d) product shares the LM head's pass over its weight when the candidate
-        matrix is that weight (tied embeddings, or the hidden spaces), so the whole
-        vocabulary's G costs one extra row of a matmul that is bound by reading the weight.
+        The gravity kind computes the logits from the last hidden state itself, so a pull
+        can share the LM head's pass over its weight (:func:`semviz.gravity.compute`).
         """
         model, p = self.lm.model, self.params
         if p.gravity_lambda == 0:
             return model.get_output_embeddings()(h[-1:])[0].float(), None, 0.0
         t0 = time.perf_counter()
-        ids = torch.tensor(self.ids, dtype=torch.long)  # (T,)
-        if p.gravity_kind == "contrast":
-            t1 = time.perf_counter()
-            logits = model.get_output_embeddings()(h[-1:])[0].float()  # (V,)
-            t_model = time.perf_counter() - t1
-            g = gravity.contrast_gravity(logits, self._short_logits())  # (V,)
-            g = gravity.finish_gravity(model, g, p, ids)
-            return logits, g, time.perf_counter() - t0 - t_model
+        reads = gravity.reads(p)
         pos = self.union_positions()  # (S,) the context this query read
         hidden = None
-        if p.gravity_space != "embedding":
+        if "hidden" in reads:
             prev = self.hidden
             hidden = h.float() if prev is None else torch.cat([prev, h.float()])  # (T, d)
-        att = None if attention is None else self._attention_on(attention, pos)  # (L, H, S)
+        att = None
+        if "attention" in reads and attention is not None:
+            att = self._attention_on(attention, pos)  # (L, H, S)
         ctx = gravity.GravityContext(
-            ids=ids, positions=pos, roles=self.prompt_roles, attention=att, hidden=hidden,
-            ema=self.attn_ema,
+            ids=torch.tensor(self.ids, dtype=torch.long), positions=pos, roles=self.prompt_roles,
+            attention=att, hidden=hidden, ema=self.attn_ema,
         )  # fmt: skip
-        cp = gravity.context_pull(model, p, ctx)
-        if cp.ema is not None:
-            self.attn_ema = cp.ema  # (T,) by absolute position, so eviction cannot misalign it
-        if gravity.fuses_with_lm_head(model, p.gravity_space):
-            t1 = time.perf_counter()
-            logits, g = gravity.logits_and_gravity(
-                model, h[-1], cp.pull, p.gravity_space, p.gravity_sim
-            )
-            t_model = (time.perf_counter() - t1) / 2  # one of the matmul's two rows is the model's
-        else:
-            t1 = time.perf_counter()
-            logits = model.get_output_embeddings()(h[-1:])[0].float()
-            t_model = time.perf_counter() - t1
-            g = gravity.project(model, cp.pull[None], p.gravity_space, p.gravity_sim)[0]
-        g = gravity.finish_gravity(model, g, p, ids)  # (V,) z-scored, copies guarded
-        return logits, g, time.perf_counter() - t0 - t_model
-
-    def _short_logits(self) -> torch.Tensor:
-        """Logits after only the last ``gravity_contrast_k`` tokens, read as a fresh text. (V,)
-
-        Coherence boosting's second forward: no cache, so it costs a prefill of k tokens.
-        """
-        window = torch.tensor(self.ids[-self.params.gravity_contrast_k :], dtype=torch.long)
-        return gravity.short_window_logits(self.lm.model, window)[0]
+        out = gravity.compute(model, p, [gravity.GravityStep(ctx=ctx, head=h[-1])])[0]
+        if out.ema is not None:
+            self.attn_ema = out.ema  # (T,) by absolute position, so eviction cannot misalign it
+        return out.logits, out.gravity, time.perf_counter() - t0 - out.head_seconds
 
     @property
     def hidden(self) -> torch.Tensor | None:

@@ -30,6 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from semviz import gravity
 from semviz.output import escape, style
 from semviz.output.style import display_token
 from semviz.output.trace import StepRecord, Trace
@@ -984,7 +985,7 @@ def chain_stages(params: PruneParams) -> list[tuple[str, str]]:
         out.append(
             (
                 "gravity",
-                f"s = log P + {p.gravity_lambda:g}·G ({p.gravity_mass}, {p.gravity_sim}, {mode})",
+                f"s = log P + {p.gravity_lambda:g}·G ({gravity.describe(p)}, {mode})",
             )
         )
     temp = {

@@ -58,8 +58,10 @@ from semviz.sampling.filters import (
     unregister,
 )
 from semviz.sampling.params import (
+    GRAVITY_FIELDS,
     SPECS,
     FieldSpec,
+    GravityParams,
     PruneParams,
     check_model_shape,
     field_spec,
@@ -74,11 +76,13 @@ from semviz.sampling.thermo import LN2, adaptive_temperature, entropy_stats, fre
 
 __all__ = [
     "FILTERS",
+    "GRAVITY_FIELDS",
     "LN2",
     "SPECS",
     "T_GREEDY",
     "FieldSpec",
     "Filter",
+    "GravityParams",
     "HeadInput",
     "PruneParams",
     "PruneResult",

@@ -18,6 +18,14 @@ for a toggle or a select box), ``label=`` and ``group=`` to show it in the app's
 ``shown_if=("other_field", value)`` hides the widget unless another field has that value.
 Cross-field rules go in :meth:`PruneParams.validate` after the per-field loop.
 
+A field that gravity reads says so: ``gravity="shape"`` for one that changes ``G`` itself
+(gravity kinds and mass sources see only these, :attr:`PruneParams.gravity_params`, and they
+are replay's key for reusing a recorded ``G``), ``gravity="use"`` for one that changes how
+``G`` enters the score (λ, the mode). Both are arguments of
+``semviz.processors.NarrativeGravityLogitsProcessor``. ``gravity_kind`` and ``gravity_mass``
+take their choices from the registries in :mod:`semviz.gravity`, so a kind or a mass source
+registered there is a valid value, a CLI choice and an app option.
+
 Examples
 --------
 >>> PruneParams(top_p=0.9).replace(temperature=0.7).temperature
@@ -37,12 +45,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
+from semviz.gravity.kinds import KINDS
+from semviz.gravity.masses import MASSES
+
 __all__ = [
+    "GRAVITY_FIELDS",
     "SPECS",
     "FieldSpec",
+    "GravityParams",
     "PruneParams",
     "check_model_shape",
     "field_spec",
@@ -67,7 +82,10 @@ class FieldSpec:
     strict bounds); ``note`` follows the range in error messages ("0 means off").
     ``app`` is ``(lo, hi, step)`` for a slider or number box, ``True`` for a toggle or a
     select box, ``False`` for a field the sidebar does not show; ``app_default`` replaces
-    the field's default in the app.
+    the field's default in the app. ``gravity`` is ``"shape"`` for a field that changes
+    gravity's ``G``, ``"use"`` for one that changes how ``G`` enters the score, else ``""``.
+    ``choices`` is a tuple of the allowed values, read at each use from ``choice_source``
+    (``setting(choices=...)``), which may be a live registry (``semviz.gravity.KINDS``).
     """
 
     kind: str
@@ -76,13 +94,19 @@ class FieldSpec:
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
-    choices: tuple = ()
+    choice_source: Sequence = ()
     note: str = ""
     app: bool | tuple[float, float, float] = False
     label: str = ""
     group: str = ""
     shown_if: tuple[str, Any] | None = None
     app_default: Any = _UNSET
+    gravity: str = ""
+
+    @property
+    def choices(self) -> tuple:
+        """The allowed values as they stand (a registry may have grown since declaration)."""
+        return tuple(self.choice_source)
 
     # -- text ------------------------------------------------------------------------------
     def range_text(self) -> str:
@@ -179,6 +203,8 @@ class FieldSpec:
 def setting(default: Any, help: str, **spec: Any) -> Any:
     """A dataclass field with its :class:`FieldSpec` (``kind`` follows from ``default``)."""
     kind = spec.pop("kind", None) or _kind_of(default, spec)
+    if "choices" in spec:
+        spec["choice_source"] = spec.pop("choices")
     return field(default=default, metadata={"spec": FieldSpec(kind=kind, help=help, **spec)})
 
 
@@ -412,81 +438,89 @@ class PruneParams:
     gravity_lambda: float = setting(
         0.0, "Narrative gravity: s = log P + λ·G; 0 is off. A pull's G is z-scored over the "
         "vocabulary, a contrast's is in nats.", app=(-2.0, 3.0, 0.05), label="Gravity λ",
-        group=GRAVITY,
+        group=GRAVITY, gravity="use",
     )  # fmt: skip
     gravity_kind: str = setting(
         "contrast", "'contrast' is coherence boosting, G = log P(w|C) - log P(w|last k "
         "tokens) (a second, short forward per step); 'pull' is the seed's "
-        "G = Σ m_i·sim(w, t_i) towards the context.", choices=("pull", "contrast"), app=True,
-        label="Kind", group=GRAVITY,
+        "G = Σ m_i·sim(w, t_i) towards the context.", choices=KINDS, app=True, label="Kind",
+        group=GRAVITY, gravity="shape",
     )  # fmt: skip
     gravity_contrast_k: int = setting(
         8, "Contrast: the short context is the last k tokens.", lo=1, hi=4096,
         app=(1, 64, 1), label="Short context k", group=GRAVITY,
-        shown_if=("gravity_kind", "contrast"),
+        shown_if=("gravity_kind", "contrast"), gravity="shape",
     )  # fmt: skip
     gravity_mode: str = setting(
         "full", "'full' adjusts every token; 'rerank' only the top rerank_k raw candidates.",
-        choices=("full", "rerank"), app=True, label="Mode", group=GRAVITY,
+        choices=("full", "rerank"), app=True, label="Mode", group=GRAVITY, gravity="use",
     )  # fmt: skip
-    rerank_k: int = setting(64, "How many raw candidates gravity reranks in rerank mode.", lo=1)
+    rerank_k: int = setting(
+        64, "How many raw candidates gravity reranks in rerank mode.", lo=1, gravity="use"
+    )
     gravity_mass: str = setting(
         "info", "Pull: each context token's weight: last-query attention, its EMA, uniform, "
         "IDF, embedding norm, or 'info' (the token's surprise under the model; stopwords "
-        "and punctuation get none).", choices=("attention", "ema", "uniform", "idf", "norm", "info"),
-        app=True, label="Mass source", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+        "and punctuation get none).", choices=MASSES, app=True, label="Mass source",
+        group=GRAVITY, shown_if=("gravity_kind", "pull"), gravity="shape",
     )  # fmt: skip
     gravity_sim: str = setting(
         "cosine", "Pull: similarity of a candidate to the context.", choices=("cosine", "dot"),
         app=True, label="Similarity", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+        gravity="shape",
     )  # fmt: skip
     gravity_space: str = setting(
         "embedding", "Pull: the vectors compared: input embeddings, final hidden states, or "
         "'contextual' (the state each context token was predicted from).",
         choices=("embedding", "hidden", "contextual"), app=True, label="Space", group=GRAVITY,
-        shown_if=("gravity_kind", "pull"),
+        shown_if=("gravity_kind", "pull"), gravity="shape",
     )  # fmt: skip
     gravity_anchor: str = setting(
         "prompt", "Pull: which tokens may carry mass: the user's prompt, the whole context, "
         "or the last gravity_window positions.", choices=("prompt", "context", "window"),
         app=True, label="Anchor", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+        gravity="shape",
     )  # fmt: skip
     gravity_window: int = setting(
         64, "Pull with anchor 'window': how many recent positions may carry mass.", lo=1,
         hi=1 << 20, app=(4, 512, 4), label="Window (positions)", group=GRAVITY,
-        shown_if=("gravity_anchor", "window"),
+        shown_if=("gravity_anchor", "window"), gravity="shape",
     )  # fmt: skip
     gravity_sinks: int = setting(
-        1, "Pull: the first positions (attention sinks) carry no mass.", lo=0, hi=1 << 20
-    )
+        1, "Pull: the first positions (attention sinks) carry no mass.", lo=0, hi=1 << 20,
+        gravity="shape",
+    )  # fmt: skip
     gravity_skip_template: bool = setting(
         True, "Pull: special and chat-template tokens and the system prompt carry no mass.",
         app=True, label="No mass on template tokens", group=GRAVITY,
-        shown_if=("gravity_kind", "pull"),
+        shown_if=("gravity_kind", "pull"), gravity="shape",
     )  # fmt: skip
     gravity_ngram: int = setting(
         2, "A token that would repeat an n-gram of the context keeps no positive gravity; "
-        "0 is off.", lo=0, hi=64, note="0 means off",
+        "0 is off.", lo=0, hi=64, note="0 means off", gravity="shape",
     )  # fmt: skip
     gravity_copy_cos: float = setting(
         0.65, "Pull: a token whose embedding cosine with a context token is at least this "
-        "keeps no positive gravity; 0 is off.", **UNIT, note="0 means off",
+        "keeps no positive gravity; 0 is off.", **UNIT, note="0 means off", gravity="shape",
     )  # fmt: skip
     gravity_attract_only: bool = setting(
         True, "Pull: G = max(z - gravity_floor, 0), so nothing is pushed away.",
+        gravity="shape",
     )  # fmt: skip
     gravity_floor: float = setting(
         1.0, "Pull with attract-only: the z-score above which a token is pulled.", lo=0.0,
-        hi=10.0,
+        hi=10.0, gravity="shape",
     )  # fmt: skip
     gravity_layers: tuple[int, ...] | None = setting(
-        None, "Layers whose attention gives the mass (all when unset).", kind="indices"
-    )
+        None, "Layers whose attention gives the mass (all when unset).", kind="indices",
+        gravity="shape",
+    )  # fmt: skip
     gravity_heads: tuple[int, ...] | None = setting(
-        None, "Heads whose attention gives the mass (all when unset).", kind="indices"
-    )
+        None, "Heads whose attention gives the mass (all when unset).", kind="indices",
+        gravity="shape",
+    )  # fmt: skip
     ema_decay: float = setting(
-        0.9, "Decay of the attention EMA (mass 'ema').", **UNIT, hi_open=True
+        0.9, "Decay of the attention EMA (mass 'ema').", **UNIT, hi_open=True, gravity="shape"
     )
     # free-energy criterion: keep w iff U(w) - U_min <= kappa * T * H
     free_energy: bool = setting(
@@ -567,6 +601,12 @@ class PruneParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @cached_property
+    def gravity_params(self) -> GravityParams:
+        """Only the fields that shape gravity's ``G`` (declared ``gravity="shape"``): what the
+        gravity kinds and mass sources see, and replay's key for reusing a recorded ``G``."""
+        return GravityParams(**{name: getattr(self, name) for name in GRAVITY_FIELDS})
+
     def replace(self, **changes: Any) -> PruneParams:
         """A copy with ``changes``, validated (``ValueError`` names the field)."""
         unknown = sorted(set(changes) - set(SPECS))
@@ -590,6 +630,41 @@ class PruneParams:
 
 
 SPECS: dict[str, FieldSpec] = {f.name: f.metadata["spec"] for f in fields(PruneParams)}
+
+# the fields that shape gravity's G, in declaration order (see the module docstring)
+GRAVITY_FIELDS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.gravity == "shape")
+
+
+class _GravityView:
+    """What :class:`GravityParams` adds to its fields: validation and ``replace``."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if f.metadata["spec"].kind == "indices" and isinstance(v, list):
+                object.__setattr__(self, f.name, tuple(v))
+            why = f.metadata["spec"].problem(getattr(self, f.name))
+            if why is not None:
+                raise ValueError(f"PruneParams.{f.name}={v!r}: {why}")
+
+    def replace(self, **changes: Any) -> GravityParams:
+        """A copy with ``changes``, validated (``ValueError`` names the field)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+GravityParams = dataclasses.make_dataclass(
+    "GravityParams",
+    [(n, PruneParams.__dataclass_fields__[n].type, field(
+        default=PruneParams.__dataclass_fields__[n].default,
+        metadata=PruneParams.__dataclass_fields__[n].metadata,
+    )) for n in GRAVITY_FIELDS],
+    bases=(_GravityView,),
+    frozen=True,
+)  # fmt: skip
+GravityParams.__module__ = __name__
+GravityParams.__doc__ = """The ``PruneParams`` fields that shape gravity's ``G``, and no other
+(``PruneParams.gravity_params``). Gravity kinds and mass sources are handed one, so a field
+they read must be declared ``gravity="shape"``, and then it is in replay's key too."""
 
 
 def check_model_shape(params: PruneParams, *, n_layers: int, n_heads: int) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from semviz import gravity as gv
+from semviz.gravity import projection
 from semviz.sampling import PruneParams
 
 # every position may pull: the seed's plain potential, to compare with brute force
@@ -104,10 +105,10 @@ def test_candidate_cache_keyed_per_model(tiny_llama):
     assert a is gv.candidate_matrix(tiny_llama, "embedding", "cosine")  # cached
     assert not torch.equal(a, b)
     assert not torch.equal(a, gv.candidate_matrix(tiny_llama, "embedding", "dot"))
-    n = len(gv._CACHE)
+    n = len(projection._CACHE)
     del other, b
     gc.collect()
-    assert len(gv._CACHE) == n - 1  # the entry dies with its model
+    assert len(projection._CACHE) == n - 1  # the entry dies with its model
 
 
 def test_hidden_space_uses_lm_head_rows(tiny_llama):
