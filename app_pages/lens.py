@@ -77,11 +77,17 @@ if page.need_trace(ctx):
             names = ctx.labels(ba.token_ids.tolist())
             st.subheader(f"Who wrote {token}: each block's share of the logit")
             views.chart(charts.block_contributions_figure(ba, names), key="lens_blocks")
+            shown_names = [charts.display_token(t) for t in names]
             st.caption(
                 "Direct logit attribution: what each layer's attention and MLP added to the "
                 "final residual, read as the logit of the chosen token and of the runner-up, "
                 "with the final norm's scale frozen at the final residual. The terms, the "
-                "embedding's and the biases sum to the logit."
+                "embedding's and the biases sum to the logit: "
+                + "; ".join(
+                    f"{n} {float(lg):.2f} (embedding {float(e):+.2f})"
+                    for n, lg, e in zip(shown_names, ba.logit, ba.embedding, strict=True)
+                )
+                + "."
             )
             L = ba.attn.shape[1]
             diff = ba.attn[0] - ba.attn[1] if len(names) > 1 else ba.attn[0]

@@ -2,9 +2,9 @@
 
 On the default model, in one run:
 
-- decode steps with the lens record on against off (the app's default settings, attention
-  captured either way; and with attention capture off, as ``trace --attention off`` runs),
-  the two interleaved run by run so a busy machine slows both alike; goal: on ≤ 5 % slower;
+- decode steps with the lens record on against off (attention captured either way; and with
+  attention capture off, as ``trace --attention off`` runs), alternating step by step in one
+  decoder so a busy machine slows both alike; goal: on ≤ 5 % slower;
 - the lens of one step on demand (``lens_step``: 31 rows through the final norm and LM head,
   top tokens, ranks, KL); goal: < 100 ms;
 - the layers × steps grid for ``--steps`` steps (default 128), first with an empty cache,
@@ -19,9 +19,12 @@ On the default model, in one run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
+
+import torch
 
 from semviz import load_model
 from semviz.analysis import lens
@@ -32,19 +35,23 @@ from semviz.sampling import PruneParams
 PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
 
 
-def _decode(lm, steps: int, *, lens_on: bool, capture: bool) -> tuple[float, Decoder]:
-    """Seconds per decode step (median over the steps; the prefill is not a step)."""
+def _decode(lm, steps: int, *, capture: bool) -> tuple[float, float, Decoder]:
+    """Median seconds per decode step with the lens record on and off, alternating step by
+    step in one decoder, so both see the same context lengths and the same machine load."""
     d = Decoder(
         lm, PROMPT, PruneParams(temperature=0.8, top_p=0.95),
-        DecodeSettings(max_new_tokens=steps, seed=0, lens=lens_on, capture=capture),
+        DecodeSettings(max_new_tokens=2 * steps + 1, seed=0, capture=capture),
     )  # fmt: skip
     d.eos_ids = set()  # decode the full length
-    times = []
-    for _ in range(steps):
+    d.step()  # the prefill is not a decode step
+    on, off = [], []
+    for k in range(2 * steps):
+        lens_on = k % 2 == 0
+        d.settings = dataclasses.replace(d.settings, lens=lens_on)
         t0 = time.perf_counter()
         d.step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), d
+        (on if lens_on else off).append(time.perf_counter() - t0)
+    return statistics.median(on), statistics.median(off), d
 
 
 def _record_bytes(rec: StepRecord) -> tuple[int, int]:
@@ -77,26 +84,25 @@ def main() -> None:
     args = ap.parse_args()
 
     lm = load_model()
-    _decode(lm, 4, lens_on=True, capture=True)  # warm up: first forwards, allocator
+    _decode(lm, 4, capture=True)  # warm up: first forwards, allocator
     res: dict = {"steps": args.steps, "repeats": args.repeats}
     last = None
     for capture in (True, False):
-        off, on = [], []
-        for r in range(args.repeats):
-            order = (False, True) if r % 2 == 0 else (True, False)
-            for lens_on in order:
-                s, d = _decode(lm, args.steps, lens_on=lens_on, capture=capture)
-                (on if lens_on else off).append(s)
-                if lens_on and capture:
-                    last = d
-        key = "capture_on" if capture else "capture_off"
-        res[key] = {
-            "step_ms_lens_off": 1e3 * statistics.median(off),
-            "step_ms_lens_on": 1e3 * statistics.median(on),
-            "on_over_off": statistics.median(on) / statistics.median(off),
+        ratios, on_ms, off_ms = [], [], []
+        for _ in range(args.repeats):
+            on, off, d = _decode(lm, args.steps, capture=capture)
+            ratios.append(on / off)
+            on_ms.append(1e3 * on)
+            off_ms.append(1e3 * off)
+            if capture:
+                last = d
+        res["capture_on" if capture else "capture_off"] = {
+            "step_ms_lens_off": statistics.median(off_ms),
+            "step_ms_lens_on": statistics.median(on_ms),
+            "on_over_off": statistics.median(ratios),
         }
 
-    steps = last.trace.steps
+    steps = [r for r in last.trace.steps if r.residual is not None][: args.steps]
     rec = steps[len(steps) // 2]
 
     def one_step():
@@ -111,6 +117,12 @@ def main() -> None:
     res["grid_first_s"] = time.perf_counter() - t0
     res["grid_cached_ms"] = 1e3 * _best(lambda: lens.lens_grid(lm, steps), 5)
     assert grid.top_id.shape == (len(steps[0].residual), len(steps))
+    # the floor: the grid's rows through the LM head alone, one product, no norm or summary
+    head = lm.model.get_output_embeddings().weight  # (V, d)
+    rows = torch.randn(grid.top_id.size, head.shape[1], dtype=head.dtype)  # (n·(L+1), d)
+    with torch.inference_mode():
+        res["grid_head_product_s"] = _best(lambda: rows @ head.T, 1)
+    res["grid_gflop"] = 2 * rows.shape[0] * head.shape[0] * head.shape[1] / 1e9
 
     def dla():
         lens.clear_cache()
@@ -135,6 +147,9 @@ def main() -> None:
           f"logit_lens alone {res['logit_lens_ms']:.0f} ms")  # fmt: skip
     print(f"grid of {len(steps)} steps: first {res['grid_first_s']:.2f} s (goal < 3 s), "
           f"cached {res['grid_cached_ms']:.1f} ms (goal < 50 ms)")  # fmt: skip
+    print(f"  its LM-head product alone ({res['grid_gflop']:.0f} GFLOP): "
+          f"{res['grid_head_product_s']:.2f} s; grid / product "
+          f"{res['grid_first_s'] / res['grid_head_product_s']:.2f}")  # fmt: skip
     print(f"direct logit attribution of one step: {res['dla_ms']:.0f} ms")
     print(
         f"lens record per step: {mem / 1024:.1f} KiB in memory, {disk / 1024:.1f} KiB in the file"

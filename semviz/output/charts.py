@@ -1095,6 +1095,17 @@ def chain_figure(params: PruneParams, *, per_row: int = 5) -> go.Figure:
 LENS_TEXT_COLS = 40  # grid columns that print their top token in the cell
 
 
+def _legend_below(layout: dict, rows: int = 2) -> dict:
+    """The legend under the x axis's title, left-aligned, in room of its own: at the top it
+    would cover the subplot titles on a narrow screen."""
+    layout["legend"] = {
+        "orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom",
+        "x": 0.0, "xanchor": "left",
+    }  # fmt: skip
+    layout["margin"] = {**layout["margin"], "b": 70 + 22 * rows}
+    return layout
+
+
 def lens_row_labels(n_rows: int) -> list[str]:
     """The lens's rows: ``emb`` (the embedding output), then ``0``… (after each layer)."""
     return ["emb"] + [str(i) for i in range(n_rows - 1)]
@@ -1150,7 +1161,8 @@ def lens_layers_figure(step, chosen_text: str, top_texts: Sequence[str]) -> go.F
     layout["xaxis3"]["title"] = {"text": "residual after layer (emb: the embedding)"}
     for ax in ("xaxis", "xaxis2", "xaxis3"):
         layout[ax]["type"] = "category"
-    return _figure(data, layout)
+    layout["height"] += 40
+    return _figure(data, _legend_below(layout))
 
 
 def lens_grid_figure(
@@ -1239,14 +1251,8 @@ def block_contributions_figure(ba, token_texts: Sequence[str]) -> go.Figure:
     """
     L = ba.attn.shape[1]
     x = list(range(L))
-    emb = ", ".join(
-        f"{_show(t)} {float(v):+.2f}" for t, v in zip(token_texts, ba.embedding, strict=True)
-    )
-    logit = ", ".join(
-        f"{_show(t)} {float(v):.2f}" for t, v in zip(token_texts, ba.logit, strict=True)
-    )
-    titles = [f"attention (embedding: {emb})", f"MLP (logits: {logit})"]
-    layout = _base(None, 520)
+    titles = ["attention", "MLP"]
+    layout = _base(None, 560)
     layout.update(_stacked(2, titles, 0.12))
     data = _attribution_bars(x, ba.attn, token_texts)
     data += _attribution_bars(x, ba.mlp, token_texts, "2")
@@ -1254,7 +1260,7 @@ def block_contributions_figure(ba, token_texts: Sequence[str]) -> go.Figure:
     layout["xaxis2"]["title"] = {"text": "layer"}
     for ax in ("yaxis", "yaxis2"):
         layout[ax].update(title={"text": "logit term"}, zeroline=True)
-    return _figure(data, layout)
+    return _figure(data, _legend_below(layout))
 
 
 def head_contributions_figure(ha, token_texts: Sequence[str]) -> go.Figure:
@@ -1267,13 +1273,13 @@ def head_contributions_figure(ha, token_texts: Sequence[str]) -> go.Figure:
     """
     H = ha.heads.shape[1]
     data = _attribution_bars([f"head {h}" for h in range(H)], ha.heads, token_texts)
-    layout = _base(None, 340)
+    layout = _base(None, 380)
     layout.update(
         barmode="group",
         xaxis={"title": {"text": f"layer {ha.layer}"}},
         yaxis={"title": {"text": "logit term"}, "zeroline": True},
     )
-    return _figure(data, layout)
+    return _figure(data, _legend_below(layout))
 
 
 def attention_metrics_figure(df, series: dict, *, selected: int | None = None) -> go.Figure:
@@ -1285,8 +1291,9 @@ def attention_metrics_figure(df, series: dict, *, selected: int | None = None) -
     series : ``semviz.analysis.lens.attention_series`` of the run (per-step arrays)
     selected : the step to highlight
     """
-    titles = ["logits: entropy and varentropy", "attention: entropy and varentropy (mean over heads)",
-              "heads: agreement and interaction strength"]  # fmt: skip
+    titles = ["logits: entropy, varentropy (right)",
+              "attention: entropy, varentropy (right), mean over heads",
+              "heads: agreement, interaction strength (right)"]  # fmt: skip
     layout = _base(None, 600)
     layout.update(_stacked(3, titles, 0.08))
     steps, cd = _col(df, "step"), _step_data(df)
@@ -1316,7 +1323,8 @@ def attention_metrics_figure(df, series: dict, *, selected: int | None = None) -
         }  # fmt: skip
     layout["shapes"] = _vlines(selected, None, ("", "2", "3"), n=len(df))
     layout["xaxis3"]["title"] = {"text": "step"}
-    return _figure(data, layout)
+    layout["height"] += 60
+    return _figure(data, _legend_below(layout, rows=3))
 
 
 def quadrant_figure(df, *, selected: int | None = None, max_labels: int = 60) -> go.Figure:
@@ -1330,7 +1338,7 @@ def quadrant_figure(df, *, selected: int | None = None, max_labels: int = 60) ->
         data.append({
             "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
             "mode": "markers", "name": f"selected step {selected}", "hoverinfo": "skip",
-            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
+            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)}, "showlegend": False,
         })  # fmt: skip
     label = len(df) <= max_labels
     data.append({
