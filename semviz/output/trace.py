@@ -43,7 +43,7 @@ LENS_FIELDS = ("residual", "residual_last", "head_out", "attn_metrics")
 # varentropy (nats, nats²), head agreement and interaction strength, as entropix defines them
 ATTENTION_METRICS = ("entropy", "varentropy", "agreement", "interaction")
 TOP = 64
-MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB
+MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB, ~63 with the lens
 MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
 ID_LIMIT = 2**31  # ids and positions are stored as int32
 
