@@ -2,7 +2,7 @@
 
 The public API lives here, whatever module it comes from::
 
-    from semviz import load_model, Decoder, DecodeSettings, PruneParams, Trace
+    from semviz import load_model, Decoder, DecodeSettings, PruneParams, Trace, logit_lens
 
 Names other than the model loader are imported on first use, so ``import semviz`` (and the
 CLI's ``--help``) stays fast.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from semviz.model.load import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model
 
 if TYPE_CHECKING:
+    from semviz.analysis.lens import logit_lens
     from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.output.trace import Trace
     from semviz.sampling import PruneParams
@@ -26,6 +27,7 @@ _LAZY = {
     "DecodeSettings": "semviz.decoding.decoder",
     "PruneParams": "semviz.sampling",
     "Trace": "semviz.output.trace",
+    "logit_lens": "semviz.analysis.lens",
 }
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "PruneParams",
     "Trace",
     "load_model",
+    "logit_lens",
 ]
 __version__ = "0.1.0"
 

@@ -59,6 +59,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("app_pages/distributions.py", "Distributions", ":material/bar_chart:"),
     PageSpec("app_pages/thermodynamics.py", "Thermodynamics", ":material/thermostat:"),
     PageSpec("app_pages/attention.py", "Attention & gravity", ":material/grid_on:"),
+    PageSpec("app_pages/lens.py", "Inside the choice", ":material/layers:"),
     PageSpec("app_pages/kv_cache.py", "KV cache", ":material/memory:"),
     PageSpec("app_pages/pipeline.py", "Pipeline", ":material/account_tree:"),
     PageSpec("app_pages/compare.py", "Compare A/B", ":material/compare_arrows:", section="Share"),

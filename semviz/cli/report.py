@@ -41,6 +41,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--no-png", dest="png", action="store_false", help="skip the PNG export")
     p.add_argument(
+        "--vector", action="append", default=[], choices=["svg", "pdf"],
+        help="also write every chart as SVG or PDF (kaleido), into svg/ or pdf/ (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
         "--png-engine", default="auto", choices=["auto", "kaleido", "playwright"],
         help="kaleido (Plotly's exporter) or a Playwright screenshot; auto tries kaleido first",
     )  # fmt: skip
@@ -59,8 +63,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _tokenizer_for(args, trace):
-    """The tokenizer that labels candidates: --model, else the trace's model if loadable."""
+def _model_for(args, trace):
+    """The model whose tokenizer labels candidates and whose final norm and LM head read the
+    lens: --model, else the trace's model if loadable; None when neither fits."""
     from semviz.model.load import DEFAULT_MODEL, ModelLoadError, load_model
 
     name = args.model
@@ -68,7 +73,7 @@ def _tokenizer_for(args, trace):
         recorded = str(trace.model.get("name", ""))
         name = None if recorded in ("", DEFAULT_MODEL) else recorded
     try:
-        tok = load_model(name, device="cpu", dtype=args.dtype).tokenizer
+        lm = load_model(name, device="cpu", dtype=args.dtype)
     except ModelLoadError as exc:
         if args.model is not None:
             raise
@@ -77,13 +82,13 @@ def _tokenizer_for(args, trace):
             file=sys.stderr,
         )
         return None
-    if trace.model.get("vocab_size") not in (None, len(tok)):
+    if trace.model.get("vocab_size") not in (None, len(lm.tokenizer)):
         print(
             "semviz report: candidates shown as ids, the model's vocabulary is not the trace's",
             file=sys.stderr,
         )
         return None
-    return tok
+    return lm
 
 
 def _no_pruning_flags(args: argparse.Namespace) -> None:
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.trace is not None:
         files.check_in_file(args.trace)
-    files.check_out_dir(args.out, force=args.force, names=report.OUTPUTS)
+    files.check_out_dir(args.out, force=args.force, names=(*report.OUTPUTS, *args.vector))
 
     stop = {"flag": False}
 
@@ -121,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         trace = Trace.load(args.trace)
         if args.step is not None and args.step >= len(trace.steps):
             raise ValueError(f"--step {args.step}: the trace has {len(trace.steps)} steps")
-        tokenizer = _tokenizer_for(args, trace)
+        lm = _model_for(args, trace)
+        tokenizer = None if lm is None else lm.tokenizer
     else:
         from semviz.decoding.decoder import Decoder, DecodeSettings, PromptError
 
@@ -161,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         rep = report.build(
             trace, args.out, tokenizer=tokenizer, selected=args.step, png=args.png,
-            engine=args.png_engine, progress=progress, should_stop=lambda: stop["flag"],
+            engine=args.png_engine, progress=progress, should_stop=lambda: stop["flag"], lm=lm,
+            vector=tuple(dict.fromkeys(args.vector)),
         )  # fmt: skip
     finally:
         signal.signal(signal.SIGINT, old)

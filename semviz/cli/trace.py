@@ -29,6 +29,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--attention", choices=("on", "off"), default="on",
         help="record each step's last-query attention (default on; off for a smaller file)",
     )  # fmt: skip
+    p.add_argument(
+        "--lens", choices=("on", "off"), default="on",
+        help="record what the logit lens and direct logit attribution read: the residual "
+        "stream and head outputs at each step (default on; off for a smaller file)",
+    )  # fmt: skip
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     lm = common.load(args)
     settings = DecodeSettings(
         seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat,
-        record_k=args.record_k, capture=args.attention == "on",
+        record_k=args.record_k, capture=args.attention == "on", lens=args.lens == "on",
     )  # fmt: skip
     dec = Decoder(lm, args.prompt, params, settings)
     with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import torch
 
 from semviz import gravity, sampling
-from semviz.model.capture import enable_capture
+from semviz.model.capture import LensCapture, enable_capture
 from semviz.model.forward import Forward, cache_nbytes, forward
 from semviz.model.load import LoadedModel
-from semviz.output.trace import StepRecord, Trace
+from semviz.output.trace import ATTENTION_METRICS, StepRecord, Trace
 
 RECORD_K = 1024
 
@@ -43,6 +43,9 @@ class DecodeSettings:
     system_prompt: str | None = None
     capture: bool = True  # record last-query attention
     record_k: int = RECORD_K
+    # record what the logit lens, direct logit attribution and the attention metrics read
+    # (semviz.analysis.lens): the residual stream and head outputs at the last position
+    lens: bool = True
 
     def to_dict(self) -> dict:
         return {
@@ -53,6 +56,7 @@ class DecodeSettings:
             "system_prompt": self.system_prompt,
             "capture": self.capture,
             "record_k": self.record_k,
+            "lens": self.lens,
         }
 
 
@@ -92,6 +96,7 @@ class _Forward:
     seconds: float  # the model: base forward and LM head
     gravity: torch.Tensor | None = None  # (V,) normalised G for these logits
     semviz_seconds: float = 0.0  # gravity's own work inside the head (pull vector, z-score)
+    lens: LensCapture | None = None  # a batch of one: what the logit lens reads
 
 
 @dataclass
@@ -226,12 +231,14 @@ class Decoder:
         row's share of the batch's time counts as its forward time.
         """
         dev = self._on_device
-        capture = self.settings.capture or self._needs_attention()
+        lens = self.settings.lens
+        capture = self.settings.capture or self._needs_attention() or lens
         t0 = time.perf_counter()
         if shared is None:
             ids = torch.tensor([token_ids], dtype=torch.long, device=dev)  # (1, T)
             pos = torch.tensor([positions], dtype=torch.long, device=dev)  # (1, T)
-            out, row, share = forward(self.lm.model, ids, pos, self.cache, capture=capture), 0, 0.0
+            out = forward(self.lm.model, ids, pos, self.cache, capture=capture, lens=lens)
+            row, share = 0, 0.0
         else:
             out, row = shared
             share = out.seconds / out.hidden.shape[0]
@@ -251,6 +258,7 @@ class Decoder:
             seconds=time.perf_counter() - t0 - t_sem + share,
             gravity=g,
             semviz_seconds=t_sem,
+            lens=out.lens.row(row) if lens and out.lens is not None else None,
         )
 
     def _head(
@@ -533,6 +541,7 @@ class Decoder:
             final_tail_mass=max(0.0, 1.0 - float(final[cand].double().sum())),
             fallback=result.fallback,
             eviction=self._pending_eviction,
+            **_lens_fields(fw.lens),
         )
 
     def _attention_on(
@@ -601,6 +610,28 @@ class Decoder:
             self.step(force_token=rec.token_id)
         # keep the original records (timings, choices) for the steps that were kept
         self.trace.steps = kept
+
+
+def _lens_fields(lens: LensCapture | None) -> dict:
+    """A step's lens record from its forward's capture (a batch of one): the residual rows
+    and head outputs in float16, the last residual also in float32 (the lens's last layer
+    reproduces the model's own logits from it), the attention metrics in float32."""
+    if lens is None:
+        return {}
+    resid = lens.residual[:, 0]  # (L+1, d)
+    heads = lens.heads[:, 0]  # (L, H, D)
+    return {
+        "residual": _half(resid),
+        "residual_last": resid[-1].float().clone(),
+        "head_out": _half(heads),
+        "attn_metrics": {n: lens.metrics[i, :, 0].clone() for i, n in enumerate(ATTENTION_METRICS)},
+    }
+
+
+def _half(t: torch.Tensor) -> torch.Tensor:
+    """float16, unless a value lies beyond float16's range (then float32, as it is)."""
+    h = t.to(torch.float16)
+    return h if bool(torch.isfinite(h).all()) or not bool(torch.isfinite(t).all()) else t.float()
 
 
 def _copy_state(v):

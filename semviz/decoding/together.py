@@ -71,9 +71,12 @@ def _feed_aligned(group: list[Decoder]) -> None:
     ids = torch.tensor([[d.ids[-1]] for d in group], dtype=torch.long, device=dev)  # (B, 1)
     pos = torch.full((len(group), 1), n - 1, dtype=torch.long, device=dev)  # (B, 1)
     capture = any(d.settings.capture or d._needs_attention() for d in group)
+    lens = any(d.settings.lens for d in group)
     masks = rows.kv.masks(1)  # None: the rows hold the same positions
     try:
-        out = forward(group[0].lm.model, ids, pos, rows.kv.cache, capture=capture, masks=masks)
+        out = forward(
+            group[0].lm.model, ids, pos, rows.kv.cache, capture=capture, masks=masks, lens=lens
+        )
     except BaseException:
         for d in group:  # the shared cache may hold part of the batch: rebuild it next time
             d._rows = None
@@ -99,7 +102,10 @@ def _feed_padded(group: list[Decoder]) -> None:
     ids = torch.tensor([[d.ids[-1]] for d in group], dtype=torch.long, device=dev)  # (B, 1)
     pos = torch.tensor([[p] for p in last], dtype=torch.long, device=dev)  # (B, 1)
     capture = any(d.settings.capture or d._needs_attention() for d in group)
-    out = forward(group[0].lm.model, ids, pos, kv.cache, capture=capture, masks=kv.masks(1))
+    lens = any(d.settings.lens for d in group)
+    out = forward(
+        group[0].lm.model, ids, pos, kv.cache, capture=capture, masks=kv.masks(1), lens=lens
+    )
     new = torch.ones(1, dtype=torch.bool)
     for r, d in enumerate(group):
         att = None
@@ -107,7 +113,10 @@ def _feed_padded(group: list[Decoder]) -> None:
             keep = torch.cat([held[r], new]).to(out.attention.device)  # (S + 1,)
             att = out.attention[:, r : r + 1][..., keep]  # (L, 1, H, n_r)
         # the row's share of the batch's time is its forward time
-        row = Forward(out.hidden[r : r + 1], att, out.seconds / len(group))
+        row = Forward(
+            out.hidden[r : r + 1], att, out.seconds / len(group),
+            None if out.lens is None else out.lens.row(r),
+        )  # fmt: skip
         with d.transaction():  # a row whose head raises is left as it was, unfed
             for mine, lay in zip(d.cache.layers, kv.cache.layers, strict=True):
                 mine.keys = torch.cat([mine.keys, lay.keys[r : r + 1, :, -1:]], dim=-2)

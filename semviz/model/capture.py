@@ -11,11 +11,20 @@ no hook is ever left registered on the model.
 
 The full N×N attention is never formed: at prefill only the last row is computed, which is
 O(H·N·D) per layer instead of O(H·N²).
+
+A sink made with ``lens=True`` also receives, at the last position, what the logit lens and
+direct logit attribution read (``semviz.analysis.lens``): the residual stream entering each
+block and leaving the last one, and each head's output before the output projection, plus
+the mean magnitude of each head's pre-softmax scores (entropix's interaction strength). The
+residual comes from forward hooks on the decoder blocks that exist only inside
+:func:`lens_hooks` (removed in ``finally``) and that read the sink from the call's own
+keyword arguments, so a forward of another session that runs meanwhile records nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +47,13 @@ class AttentionSink:
     """
 
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    lens: bool = False
+    # with ``lens``, all at the last position of the call:
+    # 0 → (B, d) the embedding output; l + 1 → (B, d) the output of block l
+    residual: dict[int, torch.Tensor] = field(default_factory=dict)
+    heads: dict[int, torch.Tensor] = field(default_factory=dict)  # l → (B, H, D) before o_proj
+    score_abs: dict[int, torch.Tensor] = field(default_factory=dict)  # l → (B, H) mean |score|
+    n_keys: dict[int, torch.Tensor] = field(default_factory=dict)  # l → (B,) keys read
 
     def stacked(self, *, align: str = "right") -> torch.Tensor:
         """All layers as one (L, B, H, S) float32 tensor, layer order.
@@ -59,13 +75,13 @@ class AttentionSink:
         return torch.stack([torch.nn.functional.pad(r, pad(s - r.shape[-1])) for r in rows])
 
 
-def last_query_attention(
+def last_query_scores(
     query: torch.Tensor,
     key: torch.Tensor,
     scaling: float,
     attention_mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """Softmax attention of the last query row over every key.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last query row's pre-softmax scores ``q·kᵀ·scale`` and which keys it may read.
 
     Parameters
     ----------
@@ -76,7 +92,8 @@ def last_query_attention(
 
     Returns
     -------
-    (B, H, S) float32 weights that sum to 1 over S.
+    scores : (B, H, S) float32, the mask not applied
+    valid : (B, 1, S) bool, or None when every key may be read
     """
     B, H, _, D = query.shape
     H_kv, S = key.shape[1], key.shape[2]
@@ -84,14 +101,37 @@ def last_query_attention(
     # copying the keys n_rep times. Head h uses KV head h // n_rep, as repeat_kv does.
     q = query[:, :, -1, :].float().view(B, H_kv, H // H_kv, D)  # (B, H_kv, n_rep, D)
     k = key.float()  # (B, H_kv, S, D)
-    scores = (q @ k.transpose(-1, -2)).view(B, H, 1, S) * scaling  # (B, H, 1, S)
-    if attention_mask is not None:
-        m = attention_mask[:, :, -1:, -key.shape[-2] :]  # (B, 1, 1, S)
-        if m.dtype == torch.bool:
-            scores = scores.masked_fill(~m, float("-inf"))
-        else:
-            scores = scores + m.float()
-    return torch.softmax(scores, dim=-1)[:, :, 0, :]  # (B, H, S)
+    scores = (q @ k.transpose(-1, -2)).view(B, H, S) * scaling  # (B, H, S)
+    if attention_mask is None:
+        return scores, None
+    m = attention_mask[:, :, -1, -S:]  # (B, 1, S)
+    if m.dtype != torch.bool:  # additive: 0 where readable, -inf or the dtype's minimum where not
+        m = m > torch.finfo(m.dtype).min / 2
+    return scores, m
+
+
+def last_query_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling: float,
+    attention_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Softmax attention of the last query row over every key.
+
+    Parameters are those of :func:`last_query_scores`.
+
+    Returns
+    -------
+    (B, H, S) float32 weights that sum to 1 over S.
+    """
+    scores, valid = last_query_scores(query, key, scaling, attention_mask)
+    return _softmax(scores, valid)
+
+
+def _softmax(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    if valid is not None:
+        scores = scores.masked_fill(~valid, float("-inf"))
+    return torch.softmax(scores, dim=-1)  # (B, H, S)
 
 
 def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
@@ -106,8 +146,22 @@ def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
         scaling = kwargs.get("scaling")
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
+        layer = module.layer_idx
         with torch.no_grad():
-            sink.rows[module.layer_idx] = last_query_attention(query, key, scaling, attention_mask)
+            scores, valid = last_query_scores(query, key, scaling, attention_mask)
+            sink.rows[layer] = _softmax(scores, valid)
+            if sink.lens:
+                B, H, S = scores.shape
+                if valid is None:
+                    sink.score_abs[layer] = scores.abs().mean(-1)  # (B, H)
+                    sink.n_keys[layer] = torch.full((B,), S, dtype=torch.long)
+                else:
+                    n = valid.sum(-1)  # (B, 1)
+                    total = scores.abs().masked_fill(~valid, 0.0).sum(-1)  # (B, H)
+                    sink.score_abs[layer] = total / n.clamp_min(1)
+                    sink.n_keys[layer] = n[:, 0].cpu()
+                # (B, T, H, D) from sdpa: each head's output at the last position
+                sink.heads[layer] = out[0][:, -1].float().cpu()  # (B, H, D)
     return out
 
 
@@ -139,3 +193,144 @@ def capturing(model: torch.nn.Module) -> Iterator[AttentionSink]:
     """
     enable_capture(model)
     yield AttentionSink()
+
+
+# -- the residual stream, for the logit lens ----------------------------------------------------
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder blocks in order: the modules of the class transformers records
+    ``hidden_states`` from (``LlamaDecoderLayer``, ``GPT2Block``, …)."""
+    decoder = model.get_decoder()
+    cls = getattr(decoder, "_can_record_outputs", None) or {}
+    target = cls.get("hidden_states")
+    target = getattr(target, "target_class", target)
+    if isinstance(target, type):
+        found = [m for m in decoder.modules() if isinstance(m, target)]
+        if found:
+            return found
+    for name in ("layers", "h", "blocks"):
+        blocks = getattr(decoder, name, None)
+        if isinstance(blocks, torch.nn.ModuleList):
+            return list(blocks)
+    raise ValueError(f"{type(model).__name__}: semviz cannot find its decoder blocks")
+
+
+def _residual_hook(index: int):
+    """A forward hook for block ``index``: its input (block 0 only: the embedding output) and
+    output at the last position, into the sink the call carries; nothing without one."""
+
+    def hook(module, args, kwargs, output):
+        sink = kwargs.get("semviz_sink")
+        if sink is None or not sink.lens:
+            return None
+        with torch.no_grad():
+            if index == 0:
+                x = args[0] if args else kwargs["hidden_states"]
+                sink.residual[0] = x[:, -1].float().cpu()  # (B, d)
+            h = output[0] if isinstance(output, tuple) else output
+            sink.residual[index + 1] = h[:, -1].float().cpu()  # (B, d)
+        return None
+
+    return hook
+
+
+_hooks_lock = threading.Lock()
+_hooks: dict[int, list] = {}  # id(model) → [users, handles]
+
+
+@contextlib.contextmanager
+def lens_hooks(model: torch.nn.Module) -> Iterator[None]:
+    """Forward hooks on the decoder blocks for as long as the block runs.
+
+    They record only into a sink with ``lens=True`` passed to the forward as ``semviz_sink``.
+    Sessions that record at once share one set of hooks (counted), and the last one out
+    removes them, in ``finally``.
+    """
+    key = id(model)
+    with _hooks_lock:
+        entry = _hooks.get(key)
+        if entry is None:
+            handles = [
+                block.register_forward_hook(_residual_hook(i), with_kwargs=True)
+                for i, block in enumerate(decoder_layers(model))
+            ]
+            entry = _hooks[key] = [0, handles]
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _hooks_lock:
+            entry[0] -= 1
+            if entry[0] == 0:
+                for h in entry[1]:
+                    h.remove()
+                del _hooks[key]
+
+
+@dataclass
+class LensCapture:
+    """What one forward recorded for the lens, every row of the batch.
+
+    Attributes
+    ----------
+    residual : (L+1, B, d) float32 residual stream at the last position: the embedding
+        output, then the output of each block
+    heads : (L, B, H, D) float32 each head's attention output before the output projection
+    metrics : (4, L, B, H) float32 ``semviz.output.trace.ATTENTION_METRICS`` of the last query's attention
+    """
+
+    residual: torch.Tensor
+    heads: torch.Tensor
+    metrics: torch.Tensor
+
+    @classmethod
+    def of(cls, sink: AttentionSink, attention: torch.Tensor) -> LensCapture:
+        """From a ``lens=True`` sink after its forward, and its ``stacked(align="left")``."""
+        n = len(sink.heads)
+        residual = torch.stack([sink.residual[i] for i in range(n + 1)])  # (L+1, B, d)
+        heads = torch.stack([sink.heads[i] for i in range(n)])  # (L, B, H, D)
+        score_abs = torch.stack([sink.score_abs[i] for i in range(n)]).cpu()  # (L, B, H)
+        n_keys = torch.stack([sink.n_keys[i] for i in range(n)])  # (L, B)
+        metrics = attention_metrics(attention.cpu(), score_abs, n_keys)
+        return cls(residual, heads, metrics)
+
+    def row(self, r: int) -> LensCapture:
+        """Row ``r`` of the batch, kept as a batch of one."""
+        return LensCapture(
+            self.residual[:, r : r + 1], self.heads[:, r : r + 1], self.metrics[:, :, r : r + 1]
+        )
+
+
+def attention_metrics(
+    attention: torch.Tensor, score_abs: torch.Tensor, n_keys: torch.Tensor
+) -> torch.Tensor:
+    """entropix's attention metrics of the last query, per layer, row and head.
+
+    Parameters
+    ----------
+    attention : (L, B, H, S) weights, each row summing to 1 over the keys it read, zero
+        elsewhere (padding, a shorter layer)
+    score_abs : (L, B, H) mean absolute pre-softmax score over the keys read
+    n_keys : (L, B) the number of keys read
+
+    Returns
+    -------
+    (4, L, B, H) float32, ``semviz.output.trace.ATTENTION_METRICS`` in order: entropy ``-Σ p ln p``,
+    varentropy ``Σ p (ln p + H)²``, agreement ``Σ |p - p̄| / n`` (``p̄`` the mean row of the
+    layer's heads, ``n`` the keys read) and interaction strength ``score_abs``.
+
+    Examples
+    --------
+    >>> a = torch.tensor([0.5, 0.25, 0.25]).view(1, 1, 1, 3)
+    >>> m = attention_metrics(a, torch.ones(1, 1, 1), torch.tensor([[3]]))
+    >>> round(float(m[0].squeeze()), 4)  # 1.5 ln 2
+    1.0397
+    """
+    p = attention.float()
+    logp = torch.where(p > 0, p.log(), torch.zeros_like(p))  # 0 · ln 0 counts as 0
+    h = -(p * logp).sum(-1)  # (L, B, H)
+    var = (p * (logp + h[..., None]).square()).sum(-1)  # centred: no cancellation
+    mean = p.mean(2, keepdim=True)  # (L, B, 1, S) the mean row over heads
+    agree = (p - mean).abs().sum(-1) / n_keys.clamp_min(1)[..., None].to(p.dtype)  # (L, B, H)
+    return torch.stack([h.clamp_min(0.0), var, agree, score_abs.float()])

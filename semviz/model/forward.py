@@ -28,6 +28,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from semviz.model.capture import AttentionSink, enable_capture
+from semviz.model.capture import AttentionSink, LensCapture, enable_capture, lens_hooks
 from semviz.model.load import new_cache
 
 __all__ = [
@@ -86,11 +87,14 @@ class Forward:
     attention : (L, B, H, S) float32 last-query attention over each layer's cache, S the longest
         layer, zero where a layer holds fewer slots; None without capture
     seconds : wall time of the model call
+    lens : what the logit lens reads at the last position (residual stream, head outputs,
+        attention metrics); None unless asked for
     """
 
     hidden: Tensor
     attention: Tensor | None
     seconds: float
+    lens: LensCapture | None = None
 
 
 def forward(
@@ -101,6 +105,7 @@ def forward(
     *,
     capture: bool = False,
     masks: list[Tensor | None] | None = None,
+    lens: bool = False,
 ) -> Forward:
     """Run the decoder on new tokens with ``cache`` (updated in place).
 
@@ -112,16 +117,18 @@ def forward(
     capture : capture every layer's last-query attention
     masks : per layer, a (B, 1, T, S_l + T) boolean mask of the keys each query may see
         (:meth:`KVRows.masks`), replacing the model's mask; None entries keep the model's
+    lens : also record what the logit lens reads (:class:`LensCapture`); captures attention
     """
     enable_capture(model)
-    sink = AttentionSink() if capture else None
+    sink = AttentionSink(lens=True) if lens else AttentionSink() if capture else None
     kw: dict = {}
     if sink is not None:
         kw["semviz_sink"] = sink
     if masks is not None:
         kw["semviz_masks"] = masks
     t0 = time.perf_counter()
-    with torch.inference_mode():
+    hooks = lens_hooks(model) if lens else contextlib.nullcontext()
+    with torch.inference_mode(), hooks:
         out = model.get_decoder()(
             input_ids=ids,
             position_ids=positions,
@@ -129,8 +136,10 @@ def forward(
             use_cache=cache is not None,
             **kw,
         )
+    seconds = time.perf_counter() - t0
     attention = sink.stacked(align="left") if sink is not None and sink.rows else None
-    return Forward(out.last_hidden_state, attention, time.perf_counter() - t0)
+    recorded = LensCapture.of(sink, attention) if lens and attention is not None else None
+    return Forward(out.last_hidden_state, attention, seconds, recorded)
 
 
 def lm_head(model: torch.nn.Module, hidden: Tensor) -> Tensor:

@@ -54,8 +54,10 @@ ACTION_COLOR = style.ACTION
 __all__ = [
     "ACTION_COLOR",
     "attention_flow",
+    "attention_metrics_figure",
     "attention_heatmap",
     "bin_columns",
+    "block_contributions_figure",
     "cache_bytes_figure",
     "chain_figure",
     "chain_stages",
@@ -66,9 +68,14 @@ __all__ = [
     "entropy_scatter",
     "fmt_prob",
     "gravity_terms_figure",
+    "head_contributions_figure",
     "kv_eval_figure",
     "kv_timeline_figure",
+    "lens_grid_figure",
+    "lens_layers_figure",
+    "lens_row_labels",
     "prefill_scaling_figure",
+    "quadrant_figure",
     "rank_shift_figure",
     "step_frame",
     "step_stages",
@@ -1079,4 +1086,289 @@ def chain_figure(params: PruneParams, *, per_row: int = 5) -> go.Figure:
         yaxis={"visible": False, "range": [-rows + 0.3, 0.4]},
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
     )
+    return _figure(data, layout)
+
+
+# --------------------------------------------------------------------------------------------
+# Inside the choice: the logit lens, direct logit attribution, attention metrics
+# --------------------------------------------------------------------------------------------
+
+LENS_TEXT_COLS = 40  # grid columns that print their top token in the cell
+
+
+def _legend_below(layout: dict, rows: int = 2) -> dict:
+    """The legend under the x axis's title, left-aligned, in room of its own: at the top it
+    would cover the subplot titles on a narrow screen."""
+    layout["legend"] = {
+        "orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom",
+        "x": 0.0, "xanchor": "left",
+    }  # fmt: skip
+    layout["margin"] = {**layout["margin"], "b": 70 + 22 * rows}
+    return layout
+
+
+def lens_row_labels(n_rows: int) -> list[str]:
+    """The lens's rows: ``emb`` (the embedding output), then ``0``… (after each layer)."""
+    return ["emb"] + [str(i) for i in range(n_rows - 1)]
+
+
+def lens_layers_figure(step, chosen_text: str, top_texts: Sequence[str]) -> go.Figure:
+    """One step's logit lens layer by layer: the chosen token's rank and probability beside
+    the layer's own top token, and how far each layer is from the final distribution.
+
+    Parameters
+    ----------
+    step : a ``semviz.analysis.lens.LensStep`` (L+1 rows)
+    chosen_text : the token the step chose
+    top_texts : (L+1,) each row's top token
+    """
+    n = len(step.chosen_rank)
+    x = lens_row_labels(n)
+    tops = [_text(t) for t in top_texts]
+    cd = [[t, fmt_prob(float(p))] for t, p in zip(tops, step.top_probs[:, 0], strict=True)]
+    chosen = _text(chosen_text)
+    titles = [f"rank of {_show(chosen_text)} (1 = top)", "probability", "KL(final ‖ layer), nats"]
+    layout = _base(None, 560)
+    layout.update(_stacked(3, titles, 0.08))
+    data = [
+        {
+            "type": "scatter", "x": x, "y": step.chosen_rank.tolist(), "mode": "lines+markers",
+            "line": {"color": style.KEPT}, "name": chosen, "showlegend": False,
+            "customdata": cd,
+            "hovertemplate": "after %{x}<br>" + chosen + " rank %{y}<br>top: %{customdata[0]} "
+            "(%{customdata[1]})<extra></extra>",
+        },
+        {
+            "type": "scatter", "x": x, "y": step.chosen_prob.tolist(), "mode": "lines+markers",
+            "line": {"color": style.KEPT}, "name": f"chosen {chosen}", "xaxis": "x2",
+            "yaxis": "y2", "hovertemplate": "after %{x}<br>%{y:.4f}<extra>chosen</extra>",
+        },
+        {
+            "type": "scatter", "x": x, "y": step.top_probs[:, 0].tolist(), "mode": "lines",
+            "line": {"color": style.REFERENCE, "dash": "dot"}, "name": "the layer's top token",
+            "xaxis": "x2", "yaxis": "y2", "customdata": cd,
+            "hovertemplate": "after %{x}<br>%{customdata[0]} %{y:.4f}<extra>top</extra>",
+        },
+        {
+            "type": "scatter", "x": x, "y": step.kl.tolist(), "mode": "lines+markers",
+            "line": {"color": style.ENTROPY}, "name": "KL", "showlegend": False,
+            "xaxis": "x3", "yaxis": "y3",
+            "hovertemplate": "after %{x}<br>KL %{y:.3f} nats<extra></extra>",
+        },
+    ]  # fmt: skip
+    layout["yaxis"].update(type="log", autorange="reversed", tickformat=",d", dtick=1)
+    layout["yaxis2"].update(range=[0, 1.02])
+    layout["yaxis3"].update(rangemode="tozero")
+    layout["xaxis3"]["title"] = {"text": "residual after layer (emb: the embedding)"}
+    for ax in ("xaxis", "xaxis2", "xaxis3"):
+        layout[ax]["type"] = "category"
+    layout["height"] += 40
+    return _figure(data, _legend_below(layout))
+
+
+def lens_grid_figure(
+    grid,
+    top_texts: Sequence[Sequence[str]],
+    chosen_texts: Sequence[str],
+    *,
+    selected: int | None = None,
+) -> go.Figure:
+    """The classic logit-lens grid: layers × steps, each cell the layer's top token coloured
+    by its probability; the step's own token labels the column.
+
+    Parameters
+    ----------
+    grid : a ``semviz.analysis.lens.LensGrid`` ((L+1, n) arrays)
+    top_texts : (L+1, n) the text of each cell's top token
+    chosen_texts : (n,) the token each step chose
+    selected : a step to highlight
+    """
+    rows, n = grid.top_prob.shape
+    ys = lens_row_labels(rows)
+    steps = [int(s) for s in grid.steps]
+    chosen = [_text(t) for t in chosen_texts]
+    cd = [
+        [
+            [steps[j], _text(top_texts[r][j]), chosen[j], fmt_prob(float(grid.chosen_prob[r, j])),
+             int(grid.chosen_rank[r, j])]
+            for j in range(n)
+        ]
+        for r in range(rows)
+    ]  # fmt: skip
+    trace = {
+        "type": "heatmap", "z": grid.top_prob.tolist(), "x": steps, "y": ys,
+        "zmin": 0.0, "zmax": 1.0, "colorscale": style.PROBABILITY_SCALE, "customdata": cd,
+        "colorbar": {"title": {"text": "top p"}},
+        "hovertemplate": "step %{customdata[0]}, after %{y}<br>top: %{customdata[1]} (%{z:.3f})"
+        "<br>chosen %{customdata[2]}: p %{customdata[3]}, rank %{customdata[4]}<extra></extra>",
+        "xgap": 1, "ygap": 1,
+    }  # fmt: skip
+    if n <= LENS_TEXT_COLS:
+        trace["text"] = [[_show(top_texts[r][j]) for j in range(n)] for r in range(rows)]
+        trace["texttemplate"] = "%{text}"
+        trace["textfont"] = {"size": 9}
+    xaxis: dict = {"title": {"text": "step"}}
+    if n <= LENS_TEXT_COLS:
+        xaxis.update(tickvals=steps, ticktext=[f"{s} {_show(t)}" for s, t in zip(steps, chosen_texts, strict=True)],
+                     tickangle=-60, tickfont={"size": 10})  # fmt: skip
+    layout = _base(None, max(360, 16 * rows + 200))
+    layout.update(
+        xaxis=xaxis,
+        yaxis={"title": {"text": "after layer"}, "type": "category", "tickfont": {"size": 10}},
+    )
+    if selected is not None and selected in steps:
+        layout["shapes"] = [{
+            "type": "rect", "xref": "x", "x0": selected - 0.5, "x1": selected + 0.5,
+            "yref": "y domain", "y0": 0, "y1": 1, "fillcolor": "rgba(0,0,0,0)",
+            "line": {"color": style.FOCUS, "width": 3},
+        }]  # fmt: skip
+    return _figure([trace], layout)
+
+
+def _attribution_bars(
+    x: Sequence, terms: np.ndarray, token_texts: Sequence[str], axis: str = ""
+) -> list[dict]:
+    colors = (style.KEPT, style.LOWER_RANKED, style.STAGE["temperature"], style.CUT)
+    out = []
+    for t, (row, text) in enumerate(zip(terms, token_texts, strict=True)):
+        name = ("chosen " if t == 0 else "runner-up " if t == 1 else "") + _text(text)
+        out.append({
+            "type": "bar", "x": list(x), "y": [float(v) for v in row], "name": name,
+            "marker": {"color": colors[t % len(colors)]}, "xaxis": f"x{axis}",
+            "yaxis": f"y{axis}", "legendgroup": name, "showlegend": axis in ("", "1"),
+            "hovertemplate": "%{x}<br>%{y:+.3f} to the logit<extra>" + name + "</extra>",
+        })  # fmt: skip
+    return out
+
+
+def block_contributions_figure(ba, token_texts: Sequence[str]) -> go.Figure:
+    """Direct logit attribution: what each layer's attention and MLP wrote into the final
+    residual, read as each token's logit (the final norm linearised at the final residual).
+
+    Parameters
+    ----------
+    ba : a ``semviz.analysis.lens.BlockAttribution`` for T tokens over L layers
+    token_texts : (T,) the tokens' texts (the chosen one first, then the runner-up)
+    """
+    L = ba.attn.shape[1]
+    x = list(range(L))
+    titles = ["attention", "MLP"]
+    layout = _base(None, 560)
+    layout.update(_stacked(2, titles, 0.12))
+    data = _attribution_bars(x, ba.attn, token_texts)
+    data += _attribution_bars(x, ba.mlp, token_texts, "2")
+    layout.update(barmode="group")
+    layout["xaxis2"]["title"] = {"text": "layer"}
+    for ax in ("yaxis", "yaxis2"):
+        layout[ax].update(title={"text": "logit term"}, zeroline=True)
+    return _figure(data, _legend_below(layout))
+
+
+def head_contributions_figure(ha, token_texts: Sequence[str]) -> go.Figure:
+    """One layer's attention split by head: each head's direct term in each token's logit.
+
+    Parameters
+    ----------
+    ha : a ``semviz.analysis.lens.HeadAttribution`` (T tokens, H heads)
+    token_texts : (T,) the tokens' texts
+    """
+    H = ha.heads.shape[1]
+    data = _attribution_bars([f"head {h}" for h in range(H)], ha.heads, token_texts)
+    layout = _base(None, 380)
+    layout.update(
+        barmode="group",
+        xaxis={"title": {"text": f"layer {ha.layer}"}},
+        yaxis={"title": {"text": "logit term"}, "zeroline": True},
+    )
+    return _figure(data, _legend_below(layout))
+
+
+def attention_metrics_figure(df, series: dict, *, selected: int | None = None) -> go.Figure:
+    """entropix's attention metrics beside the logits' on the step axis.
+
+    Parameters
+    ----------
+    df : :func:`step_frame` of the run (entropy, varentropy of the logits)
+    series : ``semviz.analysis.lens.attention_series`` of the run (per-step arrays)
+    selected : the step to highlight
+    """
+    titles = ["logits: entropy, varentropy (right)",
+              "attention: entropy, varentropy (right), mean over heads",
+              "heads: agreement, interaction strength (right)"]  # fmt: skip
+    layout = _base(None, 600)
+    layout.update(_stacked(3, titles, 0.08))
+    steps, cd = _col(df, "step"), _step_data(df)
+    rows = (
+        (("entropy", _col(df, "entropy"), style.ENTROPY, "solid"),
+         ("varentropy", _col(df, "varentropy"), style.VARENTROPY, "dot")),
+        (("attention entropy", series["entropy"], style.ENTROPY, "solid"),
+         ("attention varentropy", series["varentropy"], style.VARENTROPY, "dot")),
+        (("head agreement", series["agreement"], style.REFERENCE, "solid"),
+         ("interaction strength", series["interaction"], style.FREE_ENERGY, "dot")),
+    )  # fmt: skip
+    data = []
+    for r, pair in enumerate(rows, start=1):
+        sfx = "" if r == 1 else str(r)
+        for k, (name, ys, color, dash) in enumerate(pair):
+            ys = [None if v is None or not math.isfinite(float(v)) else float(v) for v in ys]
+            data.append({
+                "type": "scatter", "x": steps, "y": ys, "mode": "lines+markers",
+                "marker": {"size": 4}, "line": {"color": color, "dash": dash}, "name": name,
+                "xaxis": f"x{sfx}", "yaxis": f"y{sfx}" if k == 0 else f"y{3 + r}",
+                "customdata": cd, "unselected": _KEEP_OPAQUE,
+                "hovertemplate": "step %{x} %{customdata[1]}<br>%{y:.4g}<extra>" + name + "</extra>",
+            })  # fmt: skip
+        layout[f"yaxis{3 + r}"] = {
+            "overlaying": f"y{sfx}", "side": "right", "showgrid": False, "rangemode": "tozero",
+            "anchor": f"x{sfx}",
+        }  # fmt: skip
+    layout["shapes"] = _vlines(selected, None, ("", "2", "3"), n=len(df))
+    layout["xaxis3"]["title"] = {"text": "step"}
+    layout["height"] += 60
+    return _figure(data, _legend_below(layout, rows=3))
+
+
+def quadrant_figure(df, *, selected: int | None = None, max_labels: int = 60) -> go.Figure:
+    """entropix's quadrant: each step's logits entropy × varentropy, the run's tokens written
+    at their points, split at the run's medians (low/low: the model is sure; high entropy,
+    low varentropy: evenly unsure; low entropy, high varentropy: a few distinct options;
+    high/high: lost)."""
+    data = []
+    if selected is not None and 0 <= selected < len(df):
+        row = df.iloc[selected]
+        data.append({
+            "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
+            "mode": "markers", "name": f"selected step {selected}", "hoverinfo": "skip",
+            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)}, "showlegend": False,
+        })  # fmt: skip
+    label = len(df) <= max_labels
+    data.append({
+        "type": "scatter", "x": _col(df, "entropy"), "y": _col(df, "varentropy"),
+        "mode": "markers+text" if label else "markers", "name": "step",
+        "text": [_show(t) for t in _col(df, "token")] if label else None,
+        "textposition": "top center", "textfont": {"size": 10}, "showlegend": False,
+        "marker": {"color": style.ENTROPY, "size": 7}, "customdata": _step_data(df),
+        "unselected": _KEEP_OPAQUE,
+        "hovertemplate": "step %{customdata[0]} %{customdata[1]}<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
+    })  # fmt: skip
+    layout = _base(None, 420)
+    layout.update(
+        xaxis={"title": {"text": "entropy H, nats"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "varentropy, nats²"}, "rangemode": "tozero"},
+        margin={"l": 50, "r": 20, "t": 20, "b": 40},
+    )
+    if len(df):
+        mh, mv = float(df["entropy"].median()), float(df["varentropy"].median())
+        line = {"color": style.REFERENCE, "width": 1, "dash": "dash"}
+        layout["shapes"] = [
+            {"type": "line", "xref": "x", "x0": mh, "x1": mh, "yref": "y domain", "y0": 0, "y1": 1, "line": line},
+            {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": mv, "y1": mv, "line": line},
+        ]  # fmt: skip
+        corners = (("sure", 0.01, 0.01, "left", "bottom"), ("evenly unsure", 0.99, 0.01, "right", "bottom"),
+                   ("a few options", 0.01, 0.99, "left", "top"), ("lost", 0.99, 0.99, "right", "top"))  # fmt: skip
+        layout["annotations"] = [
+            {"text": t, "x": x, "y": y, "xref": "x domain", "yref": "y domain", "xanchor": xa,
+             "yanchor": ya, "showarrow": False, "font": {"size": 11, "color": style.REFERENCE}}
+            for t, x, y, xa, ya in corners
+        ]  # fmt: skip
     return _figure(data, layout)

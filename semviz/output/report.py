@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from semviz.analysis import lens
 from semviz.analysis.metrics import METRIC_INFO, run_metrics
 from semviz.analysis.replay import WhatIf
 from semviz.model.forward import kv_bytes_per_token
@@ -49,11 +50,13 @@ from semviz.sampling import PruneParams
 __all__ = [
     "OUTPUTS",
     "PNG_WIDTH",
+    "VECTOR_FORMATS",
     "Report",
     "View",
     "build",
     "chromium_path",
     "export_pngs",
+    "export_vector",
     "report_html",
     "shown_state",
     "trace_params",
@@ -137,7 +140,12 @@ def _labeler(trace: Trace, tokenizer) -> Callable[[Sequence[int]], list[str]]:
 
 
 def views(
-    trace: Trace, *, tokenizer=None, selected: int | None = None, whatif: WhatIf | None = None
+    trace: Trace,
+    *,
+    tokenizer=None,
+    selected: int | None = None,
+    whatif: WhatIf | None = None,
+    lm=None,
 ) -> list[View]:
     """The report's charts for ``trace``, at step ``selected`` (default: the last step).
 
@@ -145,7 +153,9 @@ def views(
     candidates the trace never decoded are shown as ``#id``. With ``whatif`` (a
     :func:`semviz.analysis.replay.replay` of this trace under other settings) the sampling charts
     (entropy, temperature, kept set, the step's distribution and waterfall, the chain) show
-    the replay; attention, cache and timing are the recorded run's either way.
+    the replay; attention, cache and timing are the recorded run's either way. With ``lm``
+    (the model the run was made with) a run recorded with the lens adds the logit lens and
+    direct logit attribution of the selected step; the attention metrics need no model.
     """
     steps = trace.steps
     params = whatif.params if whatif is not None else trace_params(trace)
@@ -157,6 +167,7 @@ def views(
     out = _run_views(trace, params, sel, whatif)
     out += _step_views(trace, sel, _labeler(trace, tokenizer), whatif)
     out += _recorded_views(trace, sel)
+    out += _lens_views(trace, sel, _labeler(trace, tokenizer), lm)
     out.append(View(
         "chain", "The sampling chain",
         "The settings " + ("of the what-if" if whatif is not None else "the run used")
@@ -284,6 +295,70 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
         charts.timing_figure(trace.prefill_seconds, len(trace.prompt_ids),
                              [s.t_forward for s in steps]),
     ))  # fmt: skip
+    return out
+
+
+LENS_GRID_STEPS = 64  # steps in the report's lens grid: the last ones up to the selected step
+
+
+def _lens_views(trace: Trace, sel: int, labels, lm) -> list[View]:
+    """Inside the choice: the logit lens and direct logit attribution of the selected step
+    (with the model), and entropix's attention metrics over the run (from the trace)."""
+    steps = trace.steps
+    rec = steps[sel]
+    out = []
+    if lm is not None and rec.residual is not None:
+        try:
+            s = lens.lens_step(lm, rec)
+            shown = [
+                r
+                for r in steps[max(0, sel + 1 - LENS_GRID_STEPS) : sel + 1]
+                if r.residual is not None
+            ]
+            grid = lens.lens_grid(lm, shown)
+            ba = lens.block_attribution(lm, rec)
+        except lens.LensError:  # another model than the run's: the rest of the report stands
+            s = None
+        if s is not None:
+            token = _printable(rec.token_text)
+            out.append(View(
+                "lens_layers", f"Step {sel}: the logit lens, layer by layer",
+                f"The rank and probability of {token!r} when the residual stream after each "
+                "layer is read through the final norm and LM head; the last row is the model's "
+                "own distribution.",
+                charts.lens_layers_figure(s, rec.token_text, labels(s.top_ids[:, 0].tolist())),
+            ))  # fmt: skip
+            out.append(View(
+                "lens_grid", "The logit lens: each layer's top token at every step",
+                "Layers × steps, coloured by the probability of the layer's top token.",
+                charts.lens_grid_figure(
+                    grid, [labels(row) for row in grid.top_id.tolist()],
+                    [r.token_text for r in shown], selected=sel,
+                ),
+                width=1400,
+            ))  # fmt: skip
+            names = labels(ba.token_ids.tolist())
+            out.append(View(
+                "lens_blocks", f"Step {sel}: each block's direct share of the logit",
+                "Direct logit attribution of the chosen token and the runner-up, the final norm "
+                "linearised at the final residual: "
+                + "; ".join(f"{_printable(n)!r} logit {float(v):.2f}" for n, v in zip(names, ba.logit, strict=True))
+                + ".",
+                charts.block_contributions_figure(ba, names),
+            ))  # fmt: skip
+    if any(r.attn_metrics is not None for r in steps):
+        df = charts.step_frame(trace)
+        out.append(View(
+            "attention_metrics", "Attention metrics per step (entropix)",
+            "Attention entropy and varentropy of the last layer's last query (mean over heads), "
+            "head agreement and interaction strength, beside the logits' entropy and varentropy.",
+            charts.attention_metrics_figure(df, lens.attention_series(trace), selected=sel),
+        ))  # fmt: skip
+        out.append(View(
+            "quadrant", "The entropix quadrant",
+            "Each step's logits entropy × varentropy, split at the run's medians.",
+            charts.quadrant_figure(df, selected=sel),
+        ))  # fmt: skip
     return out
 
 
@@ -436,7 +511,7 @@ def chromium_path() -> str | None:
 
 
 def _kaleido_export(
-    vs: Sequence[View], out: Path, progress: Progress | None, should_stop
+    vs: Sequence[View], out: Path, progress: Progress | None, should_stop, fmt: str = "png"
 ) -> list[Path]:
     import asyncio
 
@@ -451,10 +526,10 @@ def _kaleido_export(
                 if should_stop is not None and should_stop():
                     break
                 if progress:
-                    progress(f"PNG {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
-                opts = {"format": "png", "width": v.width, "height": v.height, "scale": 1}
+                    progress(f"{fmt.upper()} {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
+                opts = {"format": fmt, "width": v.width, "height": v.height, "scale": 1}
                 img = await k.calc_fig(v.exported(), opts=opts)
-                done.append(files.write_bytes(out / f"{v.name}.png", img))
+                done.append(files.write_bytes(out / f"{v.name}.{fmt}", img))
         return done
 
     return asyncio.run(run())
@@ -539,6 +614,27 @@ def export_pngs(
         raise ValueError("the playwright engine screenshots report.html: pass html_path")
     pngs = _off_loop(_playwright_export, vs, out, Path(html_path), progress, should_stop)
     return pngs, "playwright"
+
+
+VECTOR_FORMATS = ("svg", "pdf")
+
+
+def export_vector(
+    vs: Sequence[View],
+    out: str | Path,
+    fmt: str,
+    *,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[Path]:
+    """Write ``out/<name>.<fmt>`` for each view as SVG or PDF (kaleido); returns the files.
+
+    Vector files keep every mark of a chart at any size, for print and papers."""
+    if fmt not in VECTOR_FORMATS:
+        raise ValueError(f"fmt must be one of {', '.join(VECTOR_FORMATS)}, got {fmt!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return _off_loop(_kaleido_export, vs, out, progress, should_stop, fmt)
 
 
 def _off_loop(fn, *args):
@@ -628,13 +724,20 @@ def build(
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
     whatif: WhatIf | None = None,
+    lm=None,
+    vector: Sequence[str] = (),
 ) -> Report:
     """Write the report for ``trace`` into ``out`` (created; existing report files replaced).
 
     The HTML, the trace and the table are written first (fast); then the PNGs, one per
     chart. A stop request skips the PNGs not yet made; the manifest says which exist. With
-    ``whatif`` the sampling charts show that replay, and the page and manifest say so.
+    ``whatif`` the sampling charts show that replay, and the page and manifest say so; with
+    ``lm`` the lens views are added (:func:`views`). ``vector`` ("svg", "pdf") also writes
+    every chart in those formats, into ``svg/`` and ``pdf/``.
     """
+    for fmt in vector:
+        if fmt not in VECTOR_FORMATS:
+            raise ValueError(f"vector: {fmt!r} is not one of {', '.join(VECTOR_FORMATS)}")
     out = Path(out)
 
     def say(msg: str, frac: float) -> None:
@@ -642,7 +745,7 @@ def build(
             progress(msg, frac)
 
     say("building the charts", 0.0)
-    vs = views(trace, tokenizer=tokenizer, selected=selected, whatif=whatif)
+    vs = views(trace, tokenizer=tokenizer, selected=selected, whatif=whatif, lm=lm)
     # all made before the first file is written
     page = report_html(trace, vs, selected=selected, whatif=whatif)
     say("writing report.html", 0.1)
@@ -672,6 +775,18 @@ def build(
             if c["name"] in made:
                 c["png"] = f"png/{c['name']}.png"
         stopped = len(pngs) < len(vs)
+    for fmt in vector:
+        if stopped or (should_stop is not None and should_stop()):
+            stopped = True
+            break
+        folder = out / fmt
+        if folder.exists():
+            shutil.rmtree(folder)
+        made = {p.stem for p in export_vector(vs, folder, fmt, should_stop=should_stop)}
+        for c in manifest["charts"]:
+            if c["name"] in made:
+                c[fmt] = f"{fmt}/{c['name']}.{fmt}"
+        stopped = len(made) < len(vs)
     manifest["stopped"] = stopped
     files.write_text(out / "report.json", json.dumps(_clean(manifest), indent=2, default=float))
     say("done", 1.0)

@@ -36,9 +36,14 @@ import torch
 from semviz.output import files
 
 FORMAT = "semviz-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the lens fields (residual, residual_last, head_out, attn_metrics)
+READ_VERSIONS = (1, 2)  # a version 1 trace is a version 2 trace without the lens fields
+LENS_FIELDS = ("residual", "residual_last", "head_out", "attn_metrics")
+# per head of each layer (semviz.model.capture.attention_metrics): attention entropy and
+# varentropy (nats, nats²), head agreement and interaction strength, as entropix defines them
+ATTENTION_METRICS = ("entropy", "varentropy", "agreement", "interaction")
 TOP = 64
-MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB
+MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB, ~63 with the lens
 MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
 ID_LIMIT = 2**31  # ids and positions are stored as int32
 
@@ -287,6 +292,7 @@ class _Shape:
     layers: int | None
     heads: int | None
     n_prompt: int
+    hidden: int | None = None  # the residual stream's width
 
 
 _MODEL_INTS = (
@@ -451,7 +457,40 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     _opt_str(rec.fallback, f"{w}.fallback")
     if rec.eviction is not None:
         _check_eviction(rec.eviction, f"{w}.eviction")
+    _check_lens(rec, w, ctx)
     _obj(rec.extra, f"{w}.extra")
+
+
+def _finite(t: torch.Tensor, where: str) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise _bad(where, "holds NaN or inf")
+
+
+def _check_lens(rec: StepRecord, w: str, ctx: _Shape) -> None:
+    """The lens fields: the residual rows with their float32 last row, the head outputs and
+    the attention metrics, each shaped by the model (L layers, H heads, width d)."""
+    halfs = (torch.float16, torch.float32)
+    layers = None if ctx.layers is None else ctx.layers + 1
+    if (rec.residual is None) != (rec.residual_last is None):
+        raise _bad(f"{w}.residual_last", "comes with residual: both or neither")
+    if rec.residual is not None:
+        r = _tensor(rec.residual, f"{w}.residual", halfs, (layers, ctx.hidden))
+        _finite(r, f"{w}.residual")
+        last = _tensor(rec.residual_last, f"{w}.residual_last", torch.float32, (r.shape[1],))
+        _finite(last, f"{w}.residual_last")
+        if not torch.equal(last.to(r.dtype), r[-1]):
+            raise _bad(f"{w}.residual_last", "is not the last row of residual")
+    if rec.head_out is not None:
+        h = _tensor(rec.head_out, f"{w}.head_out", halfs, (ctx.layers, ctx.heads, None))
+        _finite(h, f"{w}.head_out")
+    if rec.attn_metrics is not None:
+        m = _obj(rec.attn_metrics, f"{w}.attn_metrics")
+        if tuple(m) != ATTENTION_METRICS:
+            raise _bad(f"{w}.attn_metrics", f"must hold {', '.join(ATTENTION_METRICS)} in order")
+        for name, t in m.items():
+            where = f"{w}.attn_metrics.{name}"
+            _tensor(t, where, torch.float32, (ctx.layers, ctx.heads))
+            _in_range(t, where, 0.0, 2.0 if name == "agreement" else math.inf)
 
 
 def _no_constant(name: str) -> float:
@@ -493,6 +532,11 @@ class StepRecord:
     final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
     fallback: str | None = None
     eviction: dict | None = None
+    # the lens (semviz.analysis.lens), at the position that chose this token:
+    residual: torch.Tensor | None = None  # (L+1, d) float16: embedding output, each block's
+    residual_last: torch.Tensor | None = None  # (d,) float32 the last block's output, exactly
+    head_out: torch.Tensor | None = None  # (L, H, D) float16 each head's output before o_proj
+    attn_metrics: dict[str, torch.Tensor] | None = None  # ATTENTION_METRICS → (L, H) float32
     extra: dict = field(default_factory=dict)
 
     # -- derived views ------------------------------------------------------------------
@@ -614,6 +658,7 @@ class Trace:
             layers=self.model.get("num_layers"),
             heads=self.model.get("num_heads"),
             n_prompt=len(ids),
+            hidden=self.model.get("hidden_size"),
         )
         for i, rec in enumerate(_list(self.steps, "steps")):
             if not isinstance(rec, StepRecord):
@@ -629,10 +674,10 @@ class Trace:
         version = d.get("version")
         if type(version) is not int:
             raise _bad("version", f"the format version must be an integer, got {_short(version)}")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise TraceError(
                 f"trace format version {version!r} is not supported "
-                f"(this semviz reads version {FORMAT_VERSION})"
+                f"(this semviz reads versions {', '.join(map(str, READ_VERSIONS))})"
             )
         body = {k: v for k, v in d.items() if k not in ("format", "version")}
         names = {f.name for f in fields(cls)}
@@ -642,6 +687,10 @@ class Trace:
             if need not in body:
                 raise TraceError(f"the trace is missing its {need!r} field")
         raw_steps = _list(body.pop("steps", []), "steps")
+        if version < 2:
+            for i, st in enumerate(raw_steps):
+                if isinstance(st, dict) and (lens := [k for k in LENS_FIELDS if k in st]):
+                    raise _bad(f"steps[{i}].{lens[0]}", "a version 1 trace has no lens fields")
         steps = [StepRecord.from_dict(s, where=f"steps[{i}]") for i, s in enumerate(raw_steps)]
         kw = {k: _dec(v, k, 2) for k, v in body.items()}
         return cls(steps=steps, **kw).validate(vocab_size=vocab_size)

@@ -13,6 +13,7 @@ PAGES = [
     "app_pages/distributions.py",
     "app_pages/thermodynamics.py",
     "app_pages/attention.py",
+    "app_pages/lens.py",
     "app_pages/kv_cache.py",
     "app_pages/pipeline.py",
 ]

@@ -48,6 +48,19 @@ def test_trace_writes_a_trace_and_prints_json(tiny_dir, tmp_path):
 
     t = Trace.load(out)
     assert len(t.steps) == 4 and t.text == summary["text"]
+    assert all(s.residual is not None and s.head_out is not None for s in t.steps)
+    assert t.steps[0].residual.shape == (3, 64)  # the embedding and two blocks of width 64
+
+
+def test_trace_lens_off_writes_no_lens_fields(tiny_dir, tmp_path):
+    out = tmp_path / "t.json"
+    args = ["--model", str(tiny_dir), "--prompt", "Hi", "--steps", "2", "--lens", "off"]
+    r = run_cli("trace", *args, "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    from semviz.output.trace import LENS_FIELDS, Trace
+
+    steps = Trace.load(out).steps
+    assert all(getattr(s, f) is None for s in steps for f in LENS_FIELDS)
 
 
 @pytest.mark.parametrize(

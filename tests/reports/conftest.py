@@ -33,5 +33,5 @@ def real_report(real_lm, tmp_path_factory):
     dec = Decoder(real_lm, p.example_prompt, p.params, DecodeSettings(seed=0, max_new_tokens=64))
     dec.run(REAL_STEPS)
     out = tmp_path_factory.mktemp("report")
-    rep = report.build(dec.trace, out, tokenizer=real_lm.tokenizer, engine="kaleido")
+    rep = report.build(dec.trace, out, tokenizer=real_lm.tokenizer, engine="kaleido", lm=real_lm)
     return dec.trace, rep
