@@ -1219,7 +1219,7 @@ def lens_grid_figure(
     if selected is not None and selected in steps:
         layout["shapes"] = [{
             "type": "rect", "xref": "x", "x0": selected - 0.5, "x1": selected + 0.5,
-            "yref": "y domain", "y0": 0, "y1": 1, "fillcolor": "rgba(0,0,0,0)",
+            "yref": "y domain", "y0": 0, "y1": 1,  # no fill: the default
             "line": {"color": style.FOCUS, "width": 3},
         }]  # fmt: skip
     return _figure([trace], layout)
