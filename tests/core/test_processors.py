@@ -212,8 +212,15 @@ def test_processors_in_generate_pick_the_cores_tokens(peaked_llama, make, kw):
 
 
 # every context position may pull, no guards, signed z-score: the seed's plain potential
-PLAIN = dict(kind="pull", anchor="context", sinks=0, skip_template=False, ngram=0, copy_cos=0.0,
-             attract_only=False)  # fmt: skip
+PLAIN = dict(
+    kind="pull",
+    anchor="context",
+    sinks=0,
+    skip_template=False,
+    ngram=0,
+    copy_cos=0.0,
+    attract_only=False,
+)
 
 
 class Spy(LogitsProcessor):
@@ -271,7 +278,9 @@ def test_every_processor_runs_in_generate_as_the_core_does(tiny_llama):
 
     for mass, weigh, rerank in (("idf", idf, None), ("norm", norm, 4)):
         kw = {} if rerank is None else dict(mode="rerank", rerank_k=rerank)
-        proc = sp.NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass=mass, **PLAIN, **kw)  # fmt: skip
+        proc = sp.NarrativeGravityLogitsProcessor(
+            embedding=emb, gravity_lambda=1.0, mass=mass, **PLAIN, **kw
+        )
         for ids, raw, out, _, _ in _in_generate(tiny_llama, proc):
             for b in range(ids.shape[0]):
                 g = _plain_pull(emb, emb[ids[b]], weigh(ids[b]))  # (V,)
@@ -314,9 +323,17 @@ def test_attention_and_hidden_gravity_in_generate(tiny_llama):
 
     with sp.capture_attention(tiny_llama) as sink, sp.capture_hidden(tiny_llama) as hs:
         e = sp.NarrativeGravityLogitsProcessor(
-            tiny_llama, 0.5, mass="ema", space="hidden", attention_sink=sink, hidden_sink=hs,
-            mode="rerank", rerank_k=16, ema_decay=0.8, **PLAIN,
-        )  # fmt: skip
+            tiny_llama,
+            0.5,
+            mass="ema",
+            space="hidden",
+            attention_sink=sink,
+            hidden_sink=hs,
+            mode="rerank",
+            rerank_k=16,
+            ema_decay=0.8,
+            **PLAIN,
+        )
         steps = _in_generate(tiny_llama, e, sink=sink, hidden=hs)
     ema = [None, None]
     for _, raw, out, att, h in steps:
@@ -330,7 +347,9 @@ def test_attention_and_hidden_gravity_in_generate(tiny_llama):
             want = torch.log_softmax(raw[b].double(), -1) + 0.5 * g
             keep = torch.zeros(256, dtype=torch.bool)
             keep[torch.topk(raw[b], 16).indices] = True
-            torch.testing.assert_close(out[b].double(), want.masked_fill(~keep, NEG), atol=1e-4, rtol=0)  # fmt: skip
+            torch.testing.assert_close(
+                out[b].double(), want.masked_fill(~keep, NEG), atol=1e-4, rtol=0
+            )
     assert not tiny_llama._forward_pre_hooks and not tiny_llama.model._forward_hooks
 
 
