@@ -96,6 +96,7 @@ def main() -> None:
             top_p=0.9,
             min_p=0.05,
             gravity_lambda=0.5,
+            gravity_kind="pull",
             gravity_mass="attention",
             free_energy=True,
             adaptive="target",

@@ -649,11 +649,15 @@ class NarrativeGravityLogitsProcessor(LogitsProcessor):
         need = grav.reads(p)
         what = f"{p.gravity_kind} gravity ({grav.describe(p)})"
         if "hidden" in need and hidden_sink is None:
-            raise ValueError(f"`hidden_sink` is required: {what} reads the hidden states (see capture_hidden)")  # fmt: skip
+            raise ValueError(
+                f"`hidden_sink` is required: {what} reads the hidden states (see capture_hidden)"
+            )
         if "model" in need and model is None:
             raise ValueError(f"`model` is required: {what} runs the language model itself")
         if "attention" in need and attention_sink is None:
-            raise ValueError(f"`attention_sink` is required: {what} reads the attention (see capture_attention)")  # fmt: skip
+            raise ValueError(
+                f"`attention_sink` is required: {what} reads the attention (see capture_attention)"
+            )
         self.model, self.embedding, self.tokenizer = model, embedding, tokenizer
         self.attention_sink, self.hidden_sink = attention_sink, hidden_sink
         if pad_token_id is None and tokenizer is not None:

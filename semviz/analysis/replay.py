@@ -115,11 +115,13 @@ def recompute_gravity(
     params, _ = _degraded(trace, params, hidden, len(steps))
     todo = [
         grav.GravityStep(
-            ctx=grav.trace_context(trace, i, hidden=hidden), logits=rec.cand_logits,
-            lse=rec.lse, index=rec.cand_ids.long(),
+            ctx=grav.trace_context(trace, i, hidden=hidden),
+            logits=rec.cand_logits,
+            lse=rec.lse,
+            index=rec.cand_ids.long(),
         )
         for i, rec in enumerate(steps)
-    ]  # fmt: skip
+    ]
     return [out.gravity for out in grav.compute(model, params, todo, chained=True)]
 
 

@@ -9,11 +9,7 @@ from typing import Any
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=None,
-        help="model: empty for the offline default, a local dir, a .gguf path or a hub id",
-    )
+    add_run_args(p, ("model",), {"model": None})
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
@@ -39,7 +35,8 @@ def load(args: argparse.Namespace):
         if not quiet:
             print(f"[{frac:4.0%}] {msg}", file=sys.stderr)
 
-    return load_model(args.model, device=args.device, dtype=args.dtype, progress=progress)
+    name = args.model or None
+    return load_model(name, device=args.device, dtype=args.dtype, progress=progress)
 
 
 INT32 = 2**31 - 1
@@ -69,9 +66,6 @@ def text_arg(s: str) -> str:
     except UnicodeEncodeError:
         raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
     return s
-
-
-SEED = int_arg(0, 2**63 - 1)
 
 
 def add_force_arg(p: argparse.ArgumentParser) -> None:
@@ -130,15 +124,58 @@ def _typed(parse):
 
 
 def add_chat_arg(p: argparse.ArgumentParser) -> None:
-    from semviz.sampling.params import parse_bool
+    add_run_args(p, ("chat",))
 
-    p.add_argument(
-        "--chat",
-        type=_typed(parse_bool),
-        default=None,
-        metavar="{on,off}",
-        help="use the chat template (default: on for models that have one)",
-    )
+
+def add_run_args(
+    p: argparse.ArgumentParser, names: tuple[str, ...], defaults: dict[str, Any] | None = None
+) -> None:
+    """A flag for each named ``RunSettings`` field (``--seed``, ``--steps``, ``--kv-policy``…).
+
+    Type, range, choices and help come from the field's metadata, so the CLI accepts what
+    the app does; a value out of range is refused by argparse, naming the flag (exit 2).
+    ``defaults`` replaces a field's default for this subcommand (``compare``'s 48 steps).
+    """
+    from semviz.decoding.settings import RUN_SPECS, RunSettings
+
+    for name in names:
+        spec = RUN_SPECS[name]
+        flag = spec.flag or "--" + name.replace("_", "-")
+        default = (defaults or {}).get(name, RunSettings.__dataclass_fields__[name].default)
+        kw: dict[str, Any] = {"dest": flag[2:].replace("-", "_"), "default": default}
+        kw["type"] = _typed(lambda text, spec=spec: _checked(spec, spec.coerce(text)))
+        if spec.kind == "choice":
+            kw["choices"] = spec.choices
+        else:
+            kw["metavar"] = "{on,off,auto}" if spec.optional else _METAVAR.get(spec.kind)
+        if spec.kind == "bool":
+            shown = {None: "auto", True: "on", False: "off"}[default]
+        else:
+            shown = None if default in (None, "") else default
+        kw["help"] = spec.help if shown is None else f"{spec.help} (default {shown})"
+        p.add_argument(flag, **kw)
+
+
+def _checked(spec, value):
+    """``value`` if ``spec`` accepts it; else ``ValueError`` saying what it must be."""
+    why = spec.problem(value)
+    if why is not None:
+        raise ValueError(why)
+    return value
+
+
+def run_from_args(args: argparse.Namespace, **given: Any):
+    """``RunSettings`` from the flags :func:`add_run_args` added (others at their default),
+    and ``given`` for fields a subcommand fixes itself."""
+    from semviz.decoding.settings import RUN_SPECS, RunSettings
+
+    kw = dict(given)
+    for name, spec in RUN_SPECS.items():
+        dest = (spec.flag or "--" + name)[2:].replace("-", "_")
+        if name not in kw and hasattr(args, dest):
+            kw[name] = getattr(args, dest)
+    kw["model"] = kw.get("model") or ""
+    return RunSettings(**kw)
 
 
 def params_from_args(args: argparse.Namespace, base=None):

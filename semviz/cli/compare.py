@@ -45,10 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--prompt", action="append", default=[], type=text,
         help="prompt (repeatable; metrics are averaged)",
     )  # fmt: skip
-    p.add_argument(
-        "--steps", type=common.int_arg(1), default=48, help="new tokens per side (default 48)"
-    )
-    p.add_argument("--seed", type=common.SEED, default=0)
+    common.add_run_args(p, ("max_new_tokens", "seed"), {"max_new_tokens": 48})
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the metrics table")

@@ -48,10 +48,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--png-engine", default="auto", choices=["auto", "kaleido", "playwright"],
         help="kaleido (Plotly's exporter) or a Playwright screenshot; auto tries kaleido first",
     )  # fmt: skip
-    p.add_argument(
-        "--steps", type=common.int_arg(1), default=64, help="with --prompt: maximum new tokens"
-    )
-    p.add_argument("--seed", type=common.SEED, default=0)
+    common.add_run_args(p, ("max_new_tokens", "seed", "kv_policy", "kv_budget"))
     p.add_argument(
         "--stop", action="append", default=[], type=common.text_arg,
         help="stop string (repeatable)",
@@ -129,18 +126,17 @@ def run(args: argparse.Namespace) -> int:
         lm = _model_for(args, trace)
         tokenizer = None if lm is None else lm.tokenizer
     else:
-        from semviz.decoding.decoder import Decoder, DecodeSettings, PromptError
+        from semviz.decoding.decoder import Decoder, PromptError
 
         if args.step is not None and args.step >= args.steps:
             raise ValueError(f"--step {args.step}: the run has at most --steps {args.steps}")
         params = common.params_from_args(args)
         if not args.prompt.strip():
             raise PromptError("The prompt is empty: type some text for the model to continue.")
+        run = common.run_from_args(args)
         lm = common.load(args)
-        settings = DecodeSettings(
-            seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat
-        )
-        dec = Decoder(lm, args.prompt, params, settings)
+        settings = run.decode_settings(stop=tuple(args.stop))
+        dec = Decoder(lm, args.prompt, params, settings, eviction=run.eviction())
         old = signal.signal(signal.SIGINT, _interrupt)
         try:
             with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:

@@ -11,12 +11,9 @@ from semviz.cli import common
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="decode a prompt and write a trace JSON")
     p.add_argument("--prompt", required=True, type=common.text_arg, help="the text to continue")
-    p.add_argument(
-        "--steps", type=common.int_arg(1), default=64, help="maximum new tokens (default 64)"
-    )
+    common.add_run_args(p, ("max_new_tokens", "seed", "kv_policy", "kv_budget"))
     p.add_argument("--out", default="trace.json", help="where to write the trace")
     common.add_force_arg(p)
-    p.add_argument("--seed", type=common.SEED, default=0)
     p.add_argument(
         "--stop", action="append", default=[], type=common.text_arg,
         help="stop string (repeatable)",
@@ -42,7 +39,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.decoding.decoder import Decoder
     from semviz.output import files
 
     # every check that needs no model comes before loading one
@@ -52,12 +49,15 @@ def run(args: argparse.Namespace) -> int:
         from semviz.decoding.decoder import PromptError
 
         raise PromptError("The prompt is empty: type some text for the model to continue.")
+    run = common.run_from_args(args)
     lm = common.load(args)
-    settings = DecodeSettings(
-        seed=args.seed, max_new_tokens=args.steps, stop=tuple(args.stop), chat=args.chat,
-        record_k=args.record_k, capture=args.attention == "on", lens=args.lens == "on",
-    )  # fmt: skip
-    dec = Decoder(lm, args.prompt, params, settings)
+    settings = run.decode_settings(
+        stop=tuple(args.stop),
+        record_k=args.record_k,
+        capture=args.attention == "on",
+        lens=args.lens == "on",
+    )
+    dec = Decoder(lm, args.prompt, params, settings, eviction=run.eviction())
     with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:
         dec.run(args.steps, on_step=lambda rec: bar.update(1))
     dec.trace.save(args.out)

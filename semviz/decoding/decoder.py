@@ -284,9 +284,13 @@ class Decoder:
         if "attention" in reads and attention is not None:
             att = self._attention_on(attention, pos)  # (L, H, S)
         ctx = gravity.GravityContext(
-            ids=torch.tensor(self.ids, dtype=torch.long), positions=pos, roles=self.prompt_roles,
-            attention=att, hidden=hidden, ema=self.attn_ema,
-        )  # fmt: skip
+            ids=torch.tensor(self.ids, dtype=torch.long),
+            positions=pos,
+            roles=self.prompt_roles,
+            attention=att,
+            hidden=hidden,
+            ema=self.attn_ema,
+        )
         out = gravity.compute(model, p, [gravity.GravityStep(ctx=ctx, head=h[-1])])[0]
         if out.ema is not None:
             self.attn_ema = out.ema  # (T,) by absolute position, so eviction cannot misalign it

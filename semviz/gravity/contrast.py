@@ -48,7 +48,9 @@ class Contrast(GravityKind):
         out = []
         for step, short in zip(steps, shorts, strict=True):
             step, logits, seconds = with_logits(model, step)
-            g = ngram_guard(self._against(step, short), step.ctx.ids, params.gravity_ngram, step.index)  # fmt: skip
+            g = ngram_guard(
+                self._against(step, short), step.ctx.ids, params.gravity_ngram, step.index
+            )
             out.append(GravityOut(gravity=g, logits=logits, head_seconds=seconds))
         return out
 

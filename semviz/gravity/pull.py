@@ -197,7 +197,9 @@ class Pull(GravityKind):
         changes, notes = {}, []
         if "hidden" in missing and params.gravity_space != "embedding":
             changes["gravity_space"] = "embedding"
-            notes.append("Hidden-space gravity needs the live run's hidden states; using embeddings.")  # fmt: skip
+            notes.append(
+                "Hidden-space gravity needs the live run's hidden states; using embeddings."
+            )
         if "attention" in missing and "attention" in get_mass(params.gravity_mass).reads:
             changes["gravity_mass"] = "uniform"
             notes.append("The run recorded no attention; gravity's mass is uniform instead.")

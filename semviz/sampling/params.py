@@ -86,6 +86,8 @@ class FieldSpec:
     gravity's ``G``, ``"use"`` for one that changes how ``G`` enters the score, else ``""``.
     ``choices`` is a tuple of the allowed values, read at each use from ``choice_source``
     (``setting(choices=...)``), which may be a live registry (``semviz.gravity.KINDS``).
+    ``optional`` makes None a valid value too (``note`` says what it means; ``"auto"`` reads
+    as None). ``flag`` is the CLI flag when it is not the field's name (``"--steps"``).
     """
 
     kind: str
@@ -102,6 +104,8 @@ class FieldSpec:
     shown_if: tuple[str, Any] | None = None
     app_default: Any = _UNSET
     gravity: str = ""
+    optional: bool = False
+    flag: str = ""
 
     @property
     def choices(self) -> tuple:
@@ -126,6 +130,8 @@ class FieldSpec:
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not valid for this field (the end of a sentence), or None."""
         k = self.kind
+        if value is None and self.optional:
+            return None
         if k == "str":
             return None if isinstance(value, str) else "must be text"
         if k == "bool":
@@ -161,6 +167,8 @@ class FieldSpec:
         """``raw`` (a string from a URL, a flag or a spec, or a widget's value) as this
         field's type, without checking the range. ``ValueError`` says what was expected."""
         k = self.kind
+        if self.optional and (raw is None or str(raw).strip().lower() == "auto"):
+            return None
         if k == "bool":
             return parse_bool(raw)
         if k == "indices":

@@ -211,25 +211,145 @@ def test_processors_in_generate_pick_the_cores_tokens(peaked_llama, make, kw):
             assert any(r.n_kept < 256 for _, r in pairs)
 
 
-def test_every_processor_runs_in_generate(tiny_llama):
-    emb = tiny_llama.get_input_embeddings().weight
-    for proc in all_processors(emb=emb):
-        _generate(tiny_llama, [proc])
-    _generate(tiny_llama, [sp.NarrativeGravityLogitsProcessor(tiny_llama, 0.5, mass="uniform")])
+# every context position may pull, no guards, signed z-score: the seed's plain potential
+PLAIN = dict(
+    kind="pull",
+    anchor="context",
+    sinks=0,
+    skip_template=False,
+    ngram=0,
+    copy_cos=0.0,
+    attract_only=False,
+)
+
+
+class Spy(LogitsProcessor):
+    """After the processor under test: keeps its output, the ids it saw, and what the sinks
+    held at that call (attention (L, B, H, S), hidden states (B, N, d))."""
+
+    def __init__(self, sink=None, hidden=None) -> None:
+        self.sink, self.hidden, self.calls = sink, hidden, []
+
+    def __call__(self, input_ids, scores):
+        att = None if self.sink is None else self.sink.stacked().float().clone()
+        hs = None if self.hidden is None else self.hidden.get().clone()
+        self.calls.append((input_ids.clone(), scores.detach().float().clone(), att, hs))
+        return scores
+
+
+def _in_generate(model, proc, sink=None, hidden=None):
+    """``[(input_ids (B, N), raw scores (B, V), processed (B, V), attention, hidden)]``, one
+    per step of a sampled generate with ``proc`` between a Recorder and a Spy."""
+    rec, spy = Recorder(), Spy(sink, hidden)
+    _generate(model, [rec, proc, spy])
+    return [
+        (ids, raw, out, a, h) for raw, (ids, out, a, h) in zip(rec.rows, spy.calls, strict=True)
+    ]
+
+
+def _zscore(g):
+    g = g.double()
+    return (g - g.mean()) / g.std(unbiased=False)
+
+
+def _plain_pull(cand, ctx, mass):
+    """``z(Σ_i m_i cos(w, t_i))`` over the candidates, by brute force. (V,) float64"""
+    from tests.core.test_gravity import brute
+
+    return _zscore(brute(cand, ctx, mass / mass.sum(), "cosine"))
+
+
+def test_every_processor_runs_in_generate_as_the_core_does(tiny_llama):
+    """Every processor but gravity has a twin in SAME_CHAIN, which samples the core's tokens in
+    generate; gravity inside generate adds exactly λ·G, G from the seed's formula by brute
+    force (idf and norm masses) or from the model run on the last k tokens (contrast)."""
+    emb = tiny_llama.get_input_embeddings().weight.detach()
+    twins = {type(p) for make, _ in SAME_CHAIN for p in make()}
+    assert {type(p) for p in all_processors(emb=emb)} - twins == {
+        sp.NarrativeGravityLogitsProcessor
+    }
+
+    def idf(ids):
+        c = torch.tensor([(ids == t).sum() for t in ids], dtype=torch.float64)
+        return torch.log((1.0 + ids.numel()) / (1.0 + c)) + 1.0
+
+    def norm(ids):
+        return emb[ids].double().norm(dim=-1)
+
+    for mass, weigh, rerank in (("idf", idf, None), ("norm", norm, 4)):
+        kw = {} if rerank is None else dict(mode="rerank", rerank_k=rerank)
+        proc = sp.NarrativeGravityLogitsProcessor(
+            embedding=emb, gravity_lambda=1.0, mass=mass, **PLAIN, **kw
+        )
+        for ids, raw, out, _, _ in _in_generate(tiny_llama, proc):
+            for b in range(ids.shape[0]):
+                g = _plain_pull(emb, emb[ids[b]], weigh(ids[b]))  # (V,)
+                want = torch.log_softmax(raw[b].double(), -1) + g
+                if rerank is not None:
+                    keep = torch.zeros(256, dtype=torch.bool)
+                    keep[torch.topk(raw[b], rerank).indices] = True
+                    want = want.masked_fill(~keep, NEG)
+                torch.testing.assert_close(out[b].double(), want, atol=1e-4, rtol=0)
+
+    proc = sp.NarrativeGravityLogitsProcessor(
+        tiny_llama, 0.5, kind="contrast", contrast_k=3, ngram=0
+    )
+    for ids, raw, out, _, _ in _in_generate(tiny_llama, proc):
+        for b in range(ids.shape[0]):
+            with torch.no_grad():
+                short = tiny_llama(ids[b, -3:][None]).logits[0, -1]  # the last 3 tokens alone
+            lp = torch.log_softmax(raw[b].double(), -1)
+            want = lp + 0.5 * (lp - torch.log_softmax(short.double(), -1))
+            torch.testing.assert_close(out[b].double(), want, atol=1e-4, rtol=0)
 
 
 def test_attention_and_hidden_gravity_in_generate(tiny_llama):
-    with sp.capture_attention(tiny_llama) as sink, sp.capture_hidden(tiny_llama) as hs:
+    """Mass from the attention generate computed, and an EMA of it over the steps; context
+    vectors from generate's own hidden states: each step's output is λ·G from the seed's
+    formula by brute force, on what the sinks held at that step."""
+    w = tiny_llama.get_output_embeddings().weight.detach()  # (V, d) the hidden space's rows
+    emb = tiny_llama.get_input_embeddings().weight.detach()
+    with sp.capture_attention(tiny_llama) as sink:
         a = sp.NarrativeGravityLogitsProcessor(
-            tiny_llama, 0.5, kind="pull", mass="attention", attention_sink=sink
+            tiny_llama, 0.5, mass="attention", attention_sink=sink, **PLAIN
         )
+        steps = _in_generate(tiny_llama, a, sink=sink)
+    for ids, raw, out, att, _ in steps:
+        assert att.shape[:3] == (2, 2, 4) and att.shape[-1] == ids.shape[1]  # (L, B, H, N)
+        for b in range(2):
+            m = att[:, b].half().float().mean(dim=(0, 1))  # (N,) at the trace's precision
+            want = torch.log_softmax(raw[b].double(), -1) + 0.5 * _plain_pull(emb, emb[ids[b]], m)
+            torch.testing.assert_close(out[b].double(), want, atol=1e-4, rtol=0)
+
+    with sp.capture_attention(tiny_llama) as sink, sp.capture_hidden(tiny_llama) as hs:
         e = sp.NarrativeGravityLogitsProcessor(
-            tiny_llama, 0.5, kind="pull", mass="ema", space="hidden", attention_sink=sink,
-            hidden_sink=hs, mode="rerank", rerank_k=16,
-        )  # fmt: skip
-        _generate(tiny_llama, [a, e, sp.TopPLogitsWarper(0.9)])
-        assert a.last_gravity.shape == (2, 256)
-        assert sink.stacked().shape[:3] == (2, 2, 4)  # (L, B, H, S)
+            tiny_llama,
+            0.5,
+            mass="ema",
+            space="hidden",
+            attention_sink=sink,
+            hidden_sink=hs,
+            mode="rerank",
+            rerank_k=16,
+            ema_decay=0.8,
+            **PLAIN,
+        )
+        steps = _in_generate(tiny_llama, e, sink=sink, hidden=hs)
+    ema = [None, None]
+    for _, raw, out, att, h in steps:
+        for b in range(2):
+            now = att[:, b].half().float().mean(dim=(0, 1))  # (N,)
+            prev = ema[b]
+            if prev is not None:
+                now = 0.8 * torch.cat([prev, torch.zeros(1)]) + 0.2 * now
+            ema[b] = now
+            g = _plain_pull(w, h[b], now)  # candidates: LM head rows; context: hidden states
+            want = torch.log_softmax(raw[b].double(), -1) + 0.5 * g
+            keep = torch.zeros(256, dtype=torch.bool)
+            keep[torch.topk(raw[b], 16).indices] = True
+            torch.testing.assert_close(
+                out[b].double(), want.masked_fill(~keep, NEG), atol=1e-4, rtol=0
+            )
     assert not tiny_llama._forward_pre_hooks and not tiny_llama.model._forward_hooks
 
 

@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from semviz.cli import build_parser, common, main
+from semviz.decoding.settings import RUN_SPECS
 from semviz.sampling import SPECS
 
 from .conftest import record
 
+# RunSettings' fields by their flag's dest ("steps" is max_new_tokens)
+RUN_FLAGS = {(s.flag or "--" + n)[2:].replace("-", "_"): s for n, s in RUN_SPECS.items()}
 NOT_UTF8 = b"caf\xe9".decode("utf-8", "surrogateescape")  # a Latin-1 prompt, as argv gives it
 HUGE = "9" * 25
 INT_GENERIC = [("int: not a number", v) for v in ("x", "1.5", "", "1e3")] + [
@@ -33,7 +36,7 @@ FLOAT_GENERIC = [("float: not a number", v) for v in ("x", "")] + [
 ]
 # values out of a flag's own range (the generic ones above apply to every flag of the type)
 OUT_OF_RANGE = {
-    "steps": ["0", "-3"], "seed": ["-1", str(2**63)], "show": ["-1", "1001"],
+    "steps": ["0", "-3", "8193"], "seed": ["-1", str(2**31), str(2**63)], "kv_budget": ["7", "8193"], "show": ["-1", "1001"],
     ("kv-eval", "tokens"): ["1", "0"], ("bench", "tokens"): ["0", "100001"], "prefill": ["0", "12"], "threads": ["0"], "repeats": ["0"],
     "memory_tokens": ["0", "15", "100000"], "step": ["-1", "2"],
     "top_k": ["-1"], "min_tokens_to_keep": ["0"], "rerank_k": ["0"], "controller_sign": ["0", "2"],
@@ -112,7 +115,8 @@ def bad_values(cmd: str, action: argparse.Action, w: dict) -> list[tuple[str, st
             out += [("indices: outside the model", "gravity_layers=0/99")]
         return out
     own = OUT_OF_RANGE.get((cmd, dest), OUT_OF_RANGE.get(dest, []))
-    kind = SPECS[dest].kind if dest in SPECS else None  # flags made from PruneParams' fields
+    spec = SPECS.get(dest) or RUN_FLAGS.get(dest)  # flags made from the settings' fields
+    kind = spec.kind if spec is not None else None
     if kind == "int":  # the settings' parser reads "1e3" as 1000, as a link or a spec may
         generic = [(c, v) for c, v in INT_GENERIC if v != "1e3"]
         return generic + [("int: out of range", v) for v in own]

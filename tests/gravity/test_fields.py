@@ -44,8 +44,10 @@ def test_the_fields_are_the_ones_declared_to_shape_g():
     assert GRAVITY_FIELDS == tuple(declared) and len(declared) == 16
     assert [f.name for f in dataclasses.fields(GravityParams)] == declared
     assert {n for n, s in SPECS.items() if s.gravity == "use"} == {
-        "gravity_lambda", "gravity_mode", "rerank_k",
-    }  # fmt: skip
+        "gravity_lambda",
+        "gravity_mode",
+        "rerank_k",
+    }
     assert RECORDED.gravity_params == GravityParams(**{n: getattr(RECORDED, n) for n in declared})
     assert PruneParams().gravity_params == GravityParams()  # the same defaults
 
@@ -99,9 +101,12 @@ def test_the_processor_takes_every_gravity_field(tiny_lm):
     )
     assert {n: getattr(proc.params, n) for n in changed} == changed
     by_keyword = sp.NarrativeGravityLogitsProcessor(
-        tiny_lm, p.gravity_lambda, attention_sink=AttentionSink(), hidden_sink=sp.HiddenSink(),
+        tiny_lm,
+        p.gravity_lambda,
+        attention_sink=AttentionSink(),
+        hidden_sink=sp.HiddenSink(),
         **{n.removeprefix("gravity_"): v for n, v in changed.items() if n != "gravity_lambda"},
-    )  # fmt: skip
+    )
     assert by_keyword.params == proc.params
     import inspect
 

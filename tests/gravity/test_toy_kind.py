@@ -93,7 +93,9 @@ def test_the_toy_mass_is_g_in_decoder_generate_and_replay(toys, tiny_lm):
         d = Decoder(tiny_lm, prompt, p, DecodeSettings(max_new_tokens=STEPS, chat=True))
         for i in range(STEPS):
             rec = d.step(force_token=int(new[b, i]))
-            torch.testing.assert_close(gs[i][b][rec.cand_ids.long()], rec.gravity, atol=1e-6, rtol=0)  # fmt: skip
+            torch.testing.assert_close(
+                gs[i][b][rec.cand_ids.long()], rec.gravity, atol=1e-6, rtol=0
+            )
         replayed = recompute_gravity(tiny_lm.model, d.trace, p)
         other = recompute_gravity(tiny_lm.model, d.trace, uniform)
         for g, u, rec in zip(replayed, other, d.trace.steps, strict=True):
@@ -115,13 +117,39 @@ def test_the_chain_chart_names_the_kind(toys):
 
 def test_the_cli_takes_them(toys, tiny_dir, tmp_path, capsys):
     out = tmp_path / "t.json"
-    argv = ["trace", "--model", str(tiny_dir), "--prompt", "The sea", "--steps", "3",
-            "--gravity-lambda", "2", "--gravity-kind", "toy", "--out", str(out)]  # fmt: skip
+    argv = [
+        "trace",
+        "--model",
+        str(tiny_dir),
+        "--prompt",
+        "The sea",
+        "--steps",
+        "3",
+        "--gravity-lambda",
+        "2",
+        "--gravity-kind",
+        "toy",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     params = json.loads(out.read_text())["settings"]["params"]
     assert params["gravity_kind"] == "toy" and params["gravity_lambda"] == 2.0
-    assert main([*argv[:-4], "--gravity-kind", "pull", "--gravity-mass", "toy", "--out",
-                 str(out), "--force"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                *argv[:-4],
+                "--gravity-kind",
+                "pull",
+                "--gravity-mass",
+                "toy",
+                "--out",
+                str(out),
+                "--force",
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["settings"]["params"]["gravity_mass"] == "toy"
     capsys.readouterr()
     gv.unregister_kind("toy")
