@@ -27,18 +27,17 @@ from tests.frontier import synth
 # -- the prompt set ---------------------------------------------------------------------------
 
 
-def test_prompt_set_has_two_balanced_halves_of_four_kinds():
+def test_prompt_set_has_two_balanced_halves_of_five_kinds():
     every = load_prompts(split=None)
-    assert len(every) >= 40
+    assert len(every) >= 200
     assert len({p.id for p in every}) == len(every)
     assert len({p.text for p in every}) == len(every)
-    kinds = {"story", "explanation", "question", "code"}
+    kinds = ["story", "explanation", "question", "dialogue", "code"]
     for split in ("dev", "test"):
         half = load_prompts(split=split)
         assert len(half) == len(every) // 2
-        assert set(Counter(p.kind for p in half)) == kinds
-        assert Counter(p.kind for p in half[:12]) == {k: 3 for k in kinds}  # the default 12
-        assert Counter(p.kind for p in half[:20]) == {k: 5 for k in kinds}
+        assert [p.kind for p in half] == kinds * (len(half) // 5)  # kinds in turn
+        assert all(p.id.startswith(f"{split}-{p.kind}-") for p in half)
     assert not {p.text for p in load_prompts(split="dev")} & {p.text for p in load_prompts()}
 
 
