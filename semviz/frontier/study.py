@@ -4,8 +4,9 @@ Two questions share one results file:
 
 - **gravity**: plain sampling, the default gravity (contrast, λ 0.5) and the first gravity
   semviz shipped (:data:`~semviz.gravity.FIRST_GRAVITY`, λ 0.5) over T 0.7–1.6;
-- **min-p**: min-p 0.1 (Nguyen et al. 2024) against top-p 0.9 and plain temperature over
-  T 0.7–2.0, with the seed's adaptive temperature and free-energy window on the same chart.
+- **min-p**: min-p 0.1 and 0.05 (Nguyen et al. 2024) against top-p 0.9 and 0.95 and plain
+  temperature over T 0.7–2.0 (the claim that "Turning Down the Heat", arXiv 2506.13681,
+  re-examines), with the seed's adaptive temperature and free-energy window on the same chart.
 
 Every arm is a :class:`~semviz.frontier.sweep.SweepConfig` over the whole test half, 4 seeds
 and 128 new tokens; plain sampling's rows serve both questions (rows are keyed by setting,
@@ -65,6 +66,9 @@ ARMS: tuple[Arm, ...] = (
     Arm("free energy", "free_energy=true", T_MINP, ("min_p",)),
     # per-row gravity on the CPU: small batches keep a run cut short from losing much
     Arm("first gravity λ0.5", FIRST, T_GRAVITY, ("gravity",), batch_rows=96),
+    # each paper's other setting: both sweep min-p 0.05 and top-p 0.95 too
+    Arm("min-p 0.05", "min_p=0.05", T_MINP, ("min_p",)),
+    Arm("top-p 0.95", "top_p=0.95", T_MINP, ("min_p",)),
 )
 QUESTIONS = ("gravity", "min_p")
 RESULTS = "study.parquet"

@@ -17,7 +17,7 @@ def test_every_arm_is_a_valid_sweep_of_the_test_half():
     specs = [spec_of(c.settings[0]) for c in cfgs]
     assert len(set(specs)) == len(specs)  # no two arms write the same rows
     assert specs[0] == "{}"  # plain sampling: shared by both questions
-    first = cfgs[-1].settings[0].params
+    first = cfgs[[a.name for a in study.ARMS].index("first gravity λ0.5")].settings[0].params
     assert (first.gravity_kind, first.gravity_mass, first.gravity_lambda) == (
         "pull",
         "attention",
