@@ -5,7 +5,6 @@ from __future__ import annotations
 import doctest
 import json
 import math
-from collections import Counter
 
 import numpy as np
 import pandas as pd

@@ -39,7 +39,7 @@ def test_commands_score_each_question_over_the_temperatures_all_its_arms_have():
 def test_a_small_study_writes_unscored_rows_and_its_costs(peaked_dir, tmp_path, capsys):
     out = tmp_path / "study"
     argv = ["--out", str(out), "--model", str(peaked_dir), "--device", "cpu"]
-    argv += ["--prompts", "1", "--seeds", "2", "--tokens", "3", "--arms", "0,2"]
+    argv += ["--prompts", "1", "--seeds", "2", "--tokens", "3", "--arms", "0,1"]
     assert study.main(argv) == 0
     df = pd.read_parquet(out / study.RESULTS)
     assert len(df) == 2 * 5 * 2  # 2 arms × 5 temperatures × 1 prompt × 2 seeds
