@@ -12,13 +12,15 @@ Every arm is a :class:`~semviz.frontier.sweep.SweepConfig` over the whole test h
 and 128 new tokens; plain sampling's rows serve both questions (rows are keyed by setting,
 so a row is generated once). Generation runs without the judge (``score=False``), in arm
 order, so a machine without the judge (a GPU box) makes the rows and
-``python -m semviz frontier --score`` fills the judge's columns here afterwards. The file is
-written after every batch and ``--budget`` stops between batches, so a run cut short keeps
-every finished batch, and rerunning the same command resumes it.
+``python -m semviz frontier --score`` fills the judge's columns where the judge is. The file
+is written after every batch; at ``--budget`` seconds the batch in flight is dropped and no
+other starts, so a run cut short keeps every finished batch, and rerunning the same command
+resumes it. On CUDA the sampler runs over all of a batch's rows at once
+(:func:`~semviz.frontier.batched.chain_rows`); gravity's per-row work stays on the CPU.
 
 Run it (every arm; ``--device cpu --prompts 2 --tokens 8`` for a quick check)::
 
-    python -m semviz.frontier.study --out out/study --model PATH.gguf --budget 300
+    python -m semviz.frontier.study --out out/study --model PATH.gguf --budget 320
 
 Then score and summarise each question here (:func:`commands` prints the commands).
 """
@@ -134,7 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument(
-        "--budget", type=float, default=300.0, help="seconds of generation before stopping"
+        "--budget",
+        type=float,
+        default=320.0,
+        help="seconds from the start (model load included) after which no batch starts "
+        "and the one running stops; default 320",
     )
     p.add_argument("--arms", default=None, help="comma-separated arm numbers (default all)")
     return p
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model and Path(args.model).name == DEFAULT_GGUF:
         lm.name = DEFAULT_MODEL  # the default's file: its rows are the default model's
     say(f"model {lm.name} on {lm.device} ({lm.dtype}), loaded in {lm.load_seconds:.1f}s")
-    deadline = time.perf_counter() + args.budget
+    deadline = t_start + args.budget
     meta = {
         "device": str(lm.device),
         "gpu": torch.cuda.get_device_name(0) if lm.device.type == "cuda" else None,
