@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = new_toks / secs if secs > 0 else 0.0
         say(
             f"{arm.name}: {res.new_rows} new rows, {res.skipped_rows} already there, "
-            f"{new_toks} new tokens in {secs:.1f}s ({rate:,.0f} tok/s)"
+            f"{new_toks} new tokens in {secs:.1f}s ({rate:,.1f} tok/s)"
             + (" - stopped by the budget" if res.stopped else "")
         )
         meta["arms"].append({
