@@ -89,3 +89,27 @@ print("ray" in sys.modules)
 def test_workers_must_be_positive():
     with pytest.raises(ValueError, match="workers must be at least 1"):
         Executor(sweep_task(_cfg(), score=False), workers=0)
+
+
+def test_a_kv_eval_grid_on_ray_has_the_rows_of_one_run_here(peaked_lm, ray_pool):
+    from semviz.frontier.kvgrid import KVGridTask, kv_grid
+
+    tok = peaked_lm.tokenizer
+    texts = {
+        name: tok(t * 6, add_special_tokens=False)["input_ids"][:16]
+        for name, t in [("a", "It was the best of times, "), ("b", "The quick brown fox. ")]
+    }
+    args = (texts, ["full", "window", "h2o"], [6, 10])
+    here, _ = kv_grid(*args, lm=peaked_lm)
+    with Executor(KVGridTask(), model=ray_pool, workers=2) as ex:
+        there, stopped = kv_grid(*args, executor=ex)
+    assert not stopped
+    timed = {"tokens_per_s", "seconds"}
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in timed} for r in rows]  # noqa: E731
+    assert [(r["text"], r["policy"], r["budget"]) for r in there] == [
+        (r["text"], r["policy"], r["budget"]) for r in here
+    ]
+    for a, b in zip(strip(here), strip(there), strict=True):
+        assert b == {
+            k: pytest.approx(v, abs=1e-6) if isinstance(v, float) else v for k, v in a.items()
+        }
