@@ -23,6 +23,17 @@ tokenizers compare. A text with fewer than ``n`` words has no n-gram: its distin
 repetition are undefined (NaN) and left out of averages, rather than counted as fully
 repeated; callers report how many texts were that short (``n_words``) beside the mean.
 
+Diversity *between* the continuations of one prompt (several seeds), which a text's own
+distinct-n cannot see:
+
+- ``pooled_distinct``: distinct word n-grams over every continuation together / all their
+  n-grams (an n-gram never spans two texts). Seeds that say the same thing share n-grams,
+  so the pooled value drops even when each text alone is varied.
+- ``self_bleu``: the mean, over the continuations, of the sentence BLEU of each against the
+  others as references (Zhu et al. 2018, Texygen), on the same lower-cased words, through
+  ``sacrebleu`` (4-grams, exponential smoothing, effective order). 1 means every seed
+  wrote the same text; lower is more diverse.
+
 Examples
 --------
 >>> distinct_n([1, 2, 1, 2], 1)
@@ -33,6 +44,10 @@ Examples
 0.2
 >>> words("It's a cat, a CAT!")
 ["it's", 'a', 'cat', 'a', 'cat']
+>>> pooled_distinct(["a b c", "a b d"], 2)  # ab, bc, ab, bd: three distinct of four
+0.75
+>>> round(self_bleu(["the cat sat on the mat", "the cat sat on the mat"]), 6)
+1.0
 """
 
 from __future__ import annotations
@@ -48,9 +63,11 @@ __all__ = [
     "METRIC_INFO",
     "RunMetrics",
     "distinct_n",
+    "pooled_distinct",
     "pruned_mass",
     "repetition_rate",
     "run_metrics",
+    "self_bleu",
     "word_metrics",
     "words",
 ]
@@ -129,6 +146,41 @@ def word_metrics(text: str, n_rep: int = REPETITION_N) -> dict[str, float]:
         "distinct_2": distinct_n(w, 2),
         "repetition": repetition_rate(w, n_rep),
     }
+
+
+def pooled_distinct(texts: Sequence[str], n: int = 2) -> float:
+    """Distinct word ``n``-grams over all of ``texts`` / their n-grams; NaN when none has any.
+
+    Each text contributes its own n-grams (none spans two texts), so ``k`` copies of one
+    text score ``1/k`` of that text's distinct-n, and ``k`` texts with no n-gram in common
+    score the mean of their own.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    grams = [g for t in texts for g in _ngrams(words(t), n)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+_BLEU = None
+
+
+def self_bleu(texts: Sequence[str]) -> float:
+    """Mean sentence BLEU of each text against the others (0..1); NaN with < 2 texts.
+
+    Texts without a word are left out (BLEU of nothing is not a similarity). Each text is
+    the hypothesis once, with every other as a reference, scored by ``sacrebleu`` on the
+    lower-cased :func:`words` (so punctuation and layout count as in distinct-n).
+    """
+    global _BLEU
+    if _BLEU is None:
+        from sacrebleu.metrics import BLEU
+
+        _BLEU = BLEU(tokenize="none", effective_order=True)
+    ws = [" ".join(w) for w in (words(t) for t in texts) if w]
+    if len(ws) < 2:
+        return float("nan")
+    scores = [_BLEU.sentence_score(h, ws[:i] + ws[i + 1 :]).score for i, h in enumerate(ws)]
+    return sum(scores) / (100.0 * len(scores))
 
 
 def pruned_mass(rec: StepRecord) -> float:

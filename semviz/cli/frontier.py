@@ -9,7 +9,13 @@ outside judge, and says whether B's curve dominates A's at matched diversity::
 Settings use the compare syntax (a preset, ``plain``, or ``key=value`` overrides); repeat
 ``--side`` for more. Results go to Parquet after every batch: rerunning the same command
 skips the rows it already has, so Ctrl-C (which finishes nothing half-way) loses at most
-one batch. ``--summary`` only reads the file. Tune on ``--split dev``, report on ``test``.
+the batches in flight. ``--summary`` only reads the file. Tune on ``--split dev``, report on
+``test``.
+
+``--workers N`` runs the batches on N Ray workers of a local Ray started in this process
+(each loads the model once, one torch thread each, a GPU each when there are GPUs);
+``--address ADDR`` joins an existing Ray cluster. ``--no-judge`` writes the rows without the
+judge's scores (a machine without the judge); ``--score`` then fills them in, here.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from semviz.cli import common
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from semviz.frontier.sweep import DEFAULT_OUT
+    from semviz.frontier.sweep import DEFAULT_OUT, X_AXES
 
     p = sub.add_parser(
         "frontier",
@@ -45,9 +51,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--values", default=None, help="comma-separated knob values (default: depends on knob)"
     )
     p.add_argument("--split", default="test", choices=["dev", "test"], help="prompt half")
-    p.add_argument("--prompts", type=int, default=12, help="prompts from the half (default 12)")
-    p.add_argument("--seeds", type=int, default=2, help="seeds per prompt: 0..N-1 (default 2)")
-    p.add_argument("--tokens", type=int, default=48, help="new tokens per row (default 48)")
+    p.add_argument(
+        "--prompts", type=int, default=None, help="the first N prompts of the half (default all)"
+    )
+    p.add_argument("--seeds", type=int, default=4, help="seeds per prompt: 0..N-1 (default 4)")
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per row (default 128)")
     p.add_argument(
         "--batch", type=int, default=None, help="rows per generate() call (default: a whole point)"
     )
@@ -55,12 +63,28 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"results Parquet (default {DEFAULT_OUT})")
     p.add_argument(
         "--x",
-        default="distinct_2",
-        choices=["distinct_2", "distinct_1", "dissimilarity"],
-        help="diversity axis for matching (default distinct_2)",
+        default="auto",
+        choices=["auto", *X_AXES],
+        help="diversity axis of the headline verdict (default auto: the one the sweep's "
+        "points span in the most CI widths); every axis gets a verdict either way",
     )
     p.add_argument("--boot", type=int, default=1000, help="bootstrap draws (default 1000)")
     p.add_argument("--summary", action="store_true", help="summarise --out only; generate nothing")
+    p.add_argument(
+        "--no-judge",
+        action="store_true",
+        help="write rows without the judge's scores (fill them later with --score)",
+    )
+    p.add_argument(
+        "--score",
+        action="store_true",
+        help="fill the judge's scores of --out's rows that lack them, then summarise",
+    )
+    p.add_argument(
+        "--workers", type=common.int_arg(1, 4096), default=None,
+        help="run the batches on N Ray workers (a local Ray started here unless --address)",
+    )  # fmt: skip
+    p.add_argument("--address", default=None, help="join this Ray cluster (e.g. auto, host:port)")
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the table as Markdown")
@@ -96,31 +120,56 @@ def run(args: argparse.Namespace) -> int:
 
     if args.boot < 10:
         raise ValueError("--boot must be at least 10")
+    if sum([args.summary, args.score, args.no_judge]) > 1:
+        raise ValueError("--summary, --score and --no-judge exclude each other: pick one")
+    if (args.workers or args.address) and (args.summary or args.score):
+        raise ValueError("--workers and --address run a sweep; --summary and --score do not")
     cfg = _config(args)  # every setting and value checked before anything loads
     prompts = fr.load_prompts(cfg.prompts_path, split=cfg.split, n=cfg.n_prompts)
-    if args.summary:
+    result = None
+    if args.summary or args.score:
+        if args.score:
+            from semviz.analysis.judge import load_judge
+
+            if not fr.load_results(args.out).shape[0]:
+                raise ValueError(f"{args.out} holds no results yet: run a sweep first")
+            n = _score(args, load_judge())
+            if not args.json:
+                print(f"scored {n} rows of {args.out}", file=sys.stderr)
         df = fr.load_results(args.out)
         if not len(df):
             raise ValueError(f"{args.out} holds no results yet: run without --summary first")
         chat = df["chat"].iloc[0] if args.chat is None else args.chat
         model = df["model"].iloc[0] if args.model is None else args.model
         df = fr.select(df, cfg, model, bool(chat), prompts)
-        result = None
     else:
-        from semviz.analysis.judge import load_judge
+        judge = None
+        if not args.no_judge:
+            from semviz.analysis.judge import load_judge
 
-        judge = load_judge()  # a missing judge is reported before the model loads
-        lm = common.load(args)
-        result = _sweep(lm, cfg, args, judge)
+            judge = load_judge()  # a missing judge is reported before the model loads
+        result = _sweep(cfg, args, judge, len(prompts))
         df = result.frame
     if not len(df):
         raise ValueError(f"{args.out} has no rows for these settings, values and prompts")
+    if df["coherence"].isna().all():
+        out = {"out": args.out, "rows": len(df), "scored": 0, **_costs(result, cfg, len(prompts))}
+        if args.json:
+            common.print_json(out)
+        else:
+            print(
+                f"{len(df)} rows in {args.out}, none scored yet: run the same command with "
+                "--score where the judge is installed"
+            )
+            _print_costs(out)
+        return 0
     s = fr.summarize(df, x=args.x, n_boot=args.boot)
     out = s.to_dict()
     out["out"] = args.out
     out["rows"] = len(df)
+    out["scored"] = int(df["coherence"].notna().sum())
     if result is not None:
-        out.update(_costs(result, cfg))
+        out.update(_costs(result, cfg, len(prompts)))
     if args.markdown:
         _write_markdown(args.markdown, s, out)
     if args.json:
@@ -128,27 +177,73 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown_table(s))
         print()
+        print(f"Headline axis: {fr.X_AXES[s.x]} ({_resolution_note(s)}).")
         for d in s.dominance:
             print(d.verdict)
+        print()
+        for sentence in s.agreement:
+            print(sentence)
         if result is not None:
             _print_costs(out)
     return 0
 
 
-def _sweep(lm, cfg, args, judge):
+def _resolution_note(s) -> str:
+    """Why the headline axis: its matched range in CI widths, against the others'."""
+    r = s.resolution.get(s.x, math.nan)
+    return f"its matched range spans {_fmt(r, 1)} point CIs; " + ", ".join(
+        f"{k} {_fmt(v, 1)}" for k, v in s.resolution.items() if k != s.x
+    )
+
+
+def _score(args, judge) -> int:
     from semviz.frontier import sweep as fr
 
     stop = {"flag": False}
+    with _sigint(stop), common.progress_bar(1, "rows", enabled=not args.json) as bar:
 
-    def _interrupt(signum, frame):  # first Ctrl-C: drop the batch in flight, keep the rest
-        if stop["flag"]:
+        def on_progress(p: fr.Progress) -> None:
+            bar.total = p.rows_total
+            bar.n = int(p.rows_done)
+            bar.refresh()
+
+        return fr.score_results(
+            args.out, judge, on_progress=on_progress, should_stop=lambda: stop["flag"]
+        )
+
+
+class _sigint:
+    """First Ctrl-C sets ``stop['flag']`` (finished batches are kept); a second one raises."""
+
+    def __init__(self, stop: dict) -> None:
+        self.stop = stop
+
+    def _handler(self, signum, frame) -> None:
+        if self.stop["flag"]:
             raise KeyboardInterrupt
-        stop["flag"] = True
+        self.stop["flag"] = True
         print("\nsemviz frontier: stopping; finished batches are saved…", file=sys.stderr)
 
-    old = signal.signal(signal.SIGINT, _interrupt)
-    total = len(cfg.settings) * len(cfg.values) * cfg.n_prompts * cfg.seeds * cfg.new_tokens
-    try:
+    def __enter__(self) -> None:
+        self.old = signal.signal(signal.SIGINT, self._handler)
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self.old)
+
+
+def _sweep(cfg, args, judge, n_prompts: int):
+    from semviz.frontier import sweep as fr
+    from semviz.frontier.executor import Executor, ModelSpec
+
+    stop = {"flag": False}
+    total = len(cfg.settings) * len(cfg.values) * n_prompts * cfg.seeds * cfg.new_tokens
+    task = fr.sweep_task(cfg, score=judge is not None, judge=judge)
+    if args.workers or args.address:
+        spec = ModelSpec(args.model, args.device, args.dtype, threads=1)
+        executor = Executor(task, model=spec, workers=args.workers, address=args.address)
+    else:
+        executor = Executor(task, lm=common.load(args))
+    with _sigint(stop), executor:
         with common.progress_bar(total, "tokens", enabled=not args.json) as bar:
 
             def on_progress(p: fr.Progress) -> None:
@@ -157,11 +252,9 @@ def _sweep(lm, cfg, args, judge):
                 bar.refresh()
 
             result = fr.run_sweep(
-                lm, cfg, args.out, judge=judge, on_progress=on_progress,
-                should_stop=lambda: stop["flag"],
+                None, cfg, args.out, score=judge is not None, on_progress=on_progress,
+                should_stop=lambda: stop["flag"], executor=executor,
             )  # fmt: skip
-    finally:
-        signal.signal(signal.SIGINT, old)
     if result.stopped:
         print(
             f"semviz frontier: stopped; {result.new_rows} new rows saved to {args.out}. "
@@ -171,7 +264,9 @@ def _sweep(lm, cfg, args, judge):
     return result
 
 
-def _costs(result, cfg) -> dict:
+def _costs(result, cfg, n_prompts: int) -> dict:
+    if result is None:
+        return {}
     t = result.timings
     pts = t.get("points", 0.0)
     if pts <= 0:
@@ -187,12 +282,14 @@ def _costs(result, cfg) -> dict:
             "sampler_seconds_per_point": t["sampler"] / pts,
             "judge_seconds_per_point": t["judge"] / pts,
             "judge_share": t["judge"] / total if total > 0 else None,
-            "rows_per_point": cfg.n_prompts * cfg.seeds,
+            "rows_per_point": n_prompts * cfg.seeds,
         },
     }
 
 
 def _print_costs(out: dict) -> None:
+    if "new_rows" not in out:
+        return
     c = out.get("cost")
     print(f"\n{out['new_rows']} new rows, {out['skipped_rows']} already in {out['out']}.")
     if c:
@@ -209,25 +306,52 @@ def _fmt(v: float, digits: int = 3) -> str:
 
 
 def markdown_table(s) -> str:
-    """The points as a Markdown table: means with 95 % CIs for coherence and the x axis."""
+    """The points as a Markdown table: coherence with its 95 % CI, then every diversity axis
+    (the headline axis with its CI), repetition, short texts and perplexity."""
+    from semviz.frontier.sweep import X_AXES
+
+    axes = ["distinct_2", "pooled_distinct_2", "bleu_diversity", "dissimilarity", "distinct_1"]
+    head = {"distinct_2": "distinct-2", "pooled_distinct_2": "pooled distinct-2",
+            "bleu_diversity": "1 − self-BLEU", "dissimilarity": "1 − cross-seed sim",
+            "distinct_1": "distinct-1"}  # fmt: skip
+    assert set(axes) == set(X_AXES)
     cols = [
-        "setting", s.knob, "coherence [95% CI]", "distinct-1", "distinct-2 [95% CI]",
-        "cross-seed sim", "repeated 4-grams", "<4 words", "perplexity", "prompts",
+        "setting", s.knob, "coherence [95% CI]",
+        *[head[a] + (" [95% CI]" if a == s.x else "") for a in axes],
+        "repeated 4-grams", "<4 words", "perplexity", "prompts",
     ]  # fmt: skip
     lines = [
         "| " + " | ".join(cols) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|",
     ]
     for r in s.points.to_dict("records"):
+        ax = [
+            f"{_fmt(r[a])} [{_fmt(r[a + '_lo'])}, {_fmt(r[a + '_hi'])}]" if a == s.x else _fmt(r[a])
+            for a in axes
+        ]
         cells = [
             f"`{r['setting']}`", f"{r['value']:g}",
             f"{_fmt(r['coherence'])} [{_fmt(r['coherence_lo'])}, {_fmt(r['coherence_hi'])}]",
-            _fmt(r["distinct_1"]),
-            f"{_fmt(r['distinct_2'])} [{_fmt(r['distinct_2_lo'])}, {_fmt(r['distinct_2_hi'])}]",
-            _fmt(r["cross_sim"]), f"{_fmt(100 * r['repetition'], 1)}%", f"{_fmt(100 * r['short'], 1)}%",
+            *ax, f"{_fmt(100 * r['repetition'], 1)}%", f"{_fmt(100 * r['short'], 1)}%",
             _fmt(r["ppl"], 1), str(r["prompts"]),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdict_table(s) -> str:
+    """Every compared setting against the first, on every axis: the gap and its CI."""
+    from semviz.frontier.sweep import X_AXES
+
+    lines = ["| setting vs A | diversity axis | coherence gap B − A [95% CI] | matched range | verdict |",
+             "|---|---|---:|---:|---|"]  # fmt: skip
+    for axis, doms in s.by_axis.items():
+        for d in doms:
+            gap = f"{d.gap:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]" if math.isfinite(d.gap) else "–"
+            rng = f"{d.x_lo:.3f}–{d.x_hi:.3f}" if math.isfinite(d.gap) else "none"
+            who = {"a": f"{d.a} dominates", "b": f"{d.b} dominates", "neither": "neither",
+                   "none": "no common range"}[d.winner]  # fmt: skip
+            lines.append(f"| `{d.b}` | {X_AXES[axis]} | {gap} | {rng} | {who} |")
     return "\n".join(lines)
 
 
@@ -248,7 +372,9 @@ def _write_markdown(path: str, s, out: dict) -> None:
         "",
         markdown_table(s),
         "",
-        *[f"- {d.verdict}" for d in s.dominance],
+        verdict_table(s),
+        "",
+        *[f"- {a}" for a in s.agreement],
         "",
     ]
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -37,9 +37,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--text",
+        action="append",
         default=None,
-        help="a UTF-8 text file (default: the shipped Pride and Prejudice chapters)",
+        help="a UTF-8 text file; repeat for a grid over several texts (default: the shipped "
+        "Pride and Prejudice chapters)",
     )
+    p.add_argument(
+        "--workers", type=int_arg(1, 4096), default=None,
+        help="run the grid's (text, budget) shards on N Ray workers (a local Ray started here)",
+    )  # fmt: skip
+    p.add_argument("--address", default=None, help="join this Ray cluster (e.g. auto, host:port)")
     p.add_argument(
         "--tokens", type=int_arg(2, 1 << 20), default=1024, help="tokens of the text to read"
     )
@@ -114,8 +121,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{flag} {raw}: {exc}") from None
     if args.prefill >= args.tokens:
         raise UserError(f"--prefill {args.prefill} must be fewer than --tokens {args.tokens}")
-    path = Path(args.text) if args.text else DEFAULT_TEXT
-    files.check_in_file(path)  # before loading the model
+    paths = [Path(t) for t in args.text] if args.text else [DEFAULT_TEXT]
+    if len({p.name for p in paths}) != len(paths):
+        raise UserError("--text: two texts have the same file name; rows are keyed by it")
+    for path in paths:
+        files.check_in_file(path)  # before loading the model
     kw = parse_policy_args(args.policy_arg)
     for name in kw:
         if name not in POLICIES:
@@ -128,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     lm = load(args)
+    if len(paths) > 1 or args.workers or args.address:
+        return _grid(args, lm, paths, policies, budgets, kw)
+    path = paths[0]
     ids = read_ids(path, lm.tokenizer, args.tokens)  # bounded: reads only what it needs
     try:
         ids = teacher_forced_ids(lm, ids, args.tokens)
@@ -170,6 +183,54 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     _print_table(rows, lm.name, path.name, len(ids))
+    return 0
+
+
+def _grid(args, lm, paths, policies, budgets, kw) -> int:
+    """Policies × budgets × texts through the executor: here, or on Ray workers."""
+    from semviz.cli import UserError
+    from semviz.eviction import teacher_forced_ids
+    from semviz.frontier.executor import Executor, ModelSpec
+    from semviz.frontier.kvgrid import KVGridTask, kv_grid
+
+    texts = {}
+    for path in paths:
+        try:
+            ids = read_ids(path, lm.tokenizer, args.tokens)
+            texts[path.name] = teacher_forced_ids(lm, ids, args.tokens)
+        except ValueError as exc:
+            raise UserError(f"{path.name}: {exc} (--tokens)") from None
+    task = KVGridTask(args.prefill, kw)
+    if args.workers or args.address:
+        spec = ModelSpec(args.model, args.device, args.dtype, threads=1)
+        executor = Executor(task, model=spec, workers=args.workers, address=args.address)
+    else:
+        executor = Executor(task, lm=lm)
+    bar = progress_bar(0, "kv-eval", enabled=not args.quiet)
+
+    def on_progress(done: float, total: float, label: str) -> None:
+        bar.total = int(total)
+        bar.set_description(label, refresh=False)
+        bar.update(int(done) - bar.n)
+
+    try:
+        with executor:
+            rows, _ = kv_grid(
+                texts, policies, budgets, executor=executor, prefill=args.prefill,
+                policy_kwargs=kw, on_progress=on_progress,
+            )  # fmt: skip
+    except TypeError as exc:  # a --policy-arg the policy does not take
+        raise UserError(f"bad --policy-arg: {exc}") from None
+    finally:
+        bar.close()
+    if args.json:
+        print_json(
+            {"model": lm.name, "texts": {k: len(v) for k, v in texts.items()},
+             "prefill": args.prefill, "policy_args": kw, "rows": rows}
+        )  # fmt: skip
+        return 0
+    for name, ids in texts.items():
+        _print_table([r for r in rows if r["text"] == name], lm.name, name, len(ids))
     return 0
 
 

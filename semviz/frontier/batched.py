@@ -15,6 +15,14 @@ per step from a generator seeded the same way.
 Gravity is added before the sampler by :class:`~semviz.processors.NarrativeGravityLogitsProcessor`,
 with its own per-row state; the sampler then runs the core's chain with gravity off.
 
+On a GPU a batch holds thousands of rows, and the core's chain one row at a time (on the CPU)
+would cost more than the forward. For the stateless chains a frontier sweeps (temperature,
+adaptive temperature ``target`` or ``edt``, top-p, min-p and the free-energy window,
+intersected, stable ties) the sampler then runs :func:`chain_rows`: the same chain written
+over the batch's rows at once, on the scores' device. It keeps the same sets and draws by the
+same inverse CDF, so its picks equal the core's up to float rounding (tested pick for pick
+on CPU, where ``rows="tensor"`` forces it).
+
 Examples
 --------
 >>> import torch
@@ -36,13 +44,18 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
-from semviz.sampling import PruneParams, SamplerState, choose, prune
+from semviz.sampling import T_GREEDY, PruneParams, SamplerState, choose, prune
+from semviz.sampling.filters import active_filters
+from semviz.sampling.thermo import entropy_parts
 
 __all__ = [
     "BatchOutput",
     "RawLogProb",
     "SeededSampler",
+    "chain_rows",
+    "choose_rows",
     "continuation_nll",
+    "rows_supported",
     "cut_at_eos",
     "eos_ids",
     "generate_batch",
@@ -63,6 +76,9 @@ class SeededSampler(LogitsProcessor):
         Gravity must be off here (add it with ``NarrativeGravityLogitsProcessor`` first).
     eos_token_ids : rows that picked one of these are finished: later calls skip them
         (``generate`` overwrites a finished row's tokens with padding anyway).
+    rows : ``"loop"`` runs the core (:func:`~semviz.sampling.prune`) row by row on the CPU;
+        ``"tensor"`` runs :func:`chain_rows` over every row at once on the scores' device
+        (chains :func:`rows_supported` only); ``"auto"``: tensor on a GPU, loop on the CPU.
 
     Attributes
     ----------
@@ -83,6 +99,7 @@ class SeededSampler(LogitsProcessor):
         params: PruneParams | None = None,
         *,
         eos_token_ids: Sequence[int] = (),
+        rows: str = "auto",
     ) -> None:
         seeds = list(seeds)
         if not seeds:
@@ -97,6 +114,14 @@ class SeededSampler(LogitsProcessor):
                 "`params` has gravity on: add gravity with NarrativeGravityLogitsProcessor "
                 "before the sampler (processor_chain does) and pass the rest of the chain here"
             )
+        if rows not in ("auto", "loop", "tensor"):
+            raise ValueError(f"`rows` must be auto, loop or tensor, got {rows!r}")
+        if rows == "tensor" and not rows_supported(params):
+            raise ValueError(
+                "`rows`='tensor' runs temperature, adaptive target/edt, top-p, min-p and free "
+                "energy (intersected, stable ties); this chain needs rows='loop'"
+            )
+        self.rows = rows
         self.params = params
         self.seeds = seeds
         self.eos_token_ids = {int(i) for i in eos_token_ids}
@@ -113,22 +138,133 @@ class SeededSampler(LogitsProcessor):
                 f"scores have {B} rows but the sampler was given {len(self.seeds)} seeds"
             )
         t0 = time.perf_counter()
+        tensor = self.rows == "tensor" or (
+            self.rows == "auto" and scores.device.type != "cpu" and rows_supported(self.params)
+        )
+        picks = self._tensor(scores) if tensor else self._loop(scores)  # (B,) long, CPU
+        out = torch.full_like(scores, NEG_INF)  # (B, V) a new tensor: scores stay as they were
+        out[torch.arange(B, device=scores.device), picks.to(scores.device)] = 0.0
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def _draw(self, b: int) -> float:
+        u = float(torch.rand((), generator=self.generators[b]))
+        self.uniforms[b].append(u)
+        return u
+
+    def _loop(self, scores: Tensor) -> Tensor:
         x = scores.detach().float().cpu()  # (B, V)
         picks = []
-        for b in range(B):
+        for b in range(x.shape[0]):
             if self.done[b]:
                 picks.append(0)  # generate() pads a finished row whatever we return
                 continue
             res = prune(x[b], self.params, state=self.states[b])
-            u = float(torch.rand((), generator=self.generators[b]))
-            idx = choose(res, u, state=self.states[b])
-            self.uniforms[b].append(u)
+            idx = choose(res, self._draw(b), state=self.states[b])
             self.done[b] = idx in self.eos_token_ids
             picks.append(idx)
-        out = torch.full_like(scores, NEG_INF)  # (B, V) a new tensor: scores stay as they were
-        out[torch.arange(B), torch.tensor(picks)] = 0.0
-        self.seconds += time.perf_counter() - t0
-        return out
+        return torch.tensor(picks, dtype=torch.long)
+
+    def _tensor(self, scores: Tensor) -> Tensor:
+        B = scores.shape[0]
+        u = torch.tensor(
+            [0.0 if self.done[b] else self._draw(b) for b in range(B)], dtype=torch.float64
+        )  # (B,) one draw per live row, in row order, as the loop draws them
+        final, greedy, arg = chain_rows(scores.detach().float(), self.params)
+        picks = torch.where(greedy, arg, choose_rows(final, u.to(final.device))).cpu()  # (B,)
+        done = torch.tensor(self.done)
+        picks = torch.where(done, torch.zeros_like(picks), picks)
+        for b in torch.nonzero(~done).flatten().tolist():
+            self.done[b] = int(picks[b]) in self.eos_token_ids
+        return picks
+
+
+def rows_supported(params: PruneParams) -> bool:
+    """Whether :func:`chain_rows` runs ``params``' chain (with gravity already applied)."""
+    p = params
+    names = {f.name for f in active_filters(p)}
+    return (
+        p.order == "hf" and p.tie_rule == "stable" and p.min_tokens_to_keep == 1
+        and not p.fallback and p.gravity_lambda == 0.0 and p.temperature > 0.0
+        and p.adaptive in ("none", "target", "edt") and names <= {"top_p", "min_p", "free_energy"}
+        and (p.combine == "intersection" or len(names) <= 1)
+    )  # fmt: skip
+
+
+def _temperatures(p: PruneParams, h: Tensor | None, B: int, device) -> Tensor:
+    """Each row's temperature (B,) float64, as :func:`~semviz.sampling.thermo.adaptive_temperature`."""
+    t0 = torch.full((B,), p.temperature, dtype=torch.float64, device=device)
+    if p.adaptive == "none":
+        return t0
+    h = h.double()  # (B,)
+    if p.adaptive == "target":
+        t = t0 + p.controller_sign * p.controller_gain * (h - p.target_entropy)
+        return t.clamp(p.adaptive_t_min, p.adaptive_t_max)
+    # edt: T0 · N^(θ/H); a certain step (H ≈ 0) is greedy
+    t = t0 * torch.pow(torch.full_like(h, p.edt_n), p.edt_theta / h.clamp_min(1e-300))
+    return torch.where(h <= 1e-12, torch.zeros_like(t), t)
+
+
+def chain_rows(s: Tensor, params: PruneParams) -> tuple[Tensor, Tensor, Tensor]:
+    """The core's chain over every row at once, for the chains of :func:`rows_supported`.
+
+    Parameters
+    ----------
+    s : (B, V) float32 scores after gravity (the logits when gravity is off)
+
+    Returns
+    -------
+    final : (B, V) the distribution each row samples from (softmax of ``s/T`` over the kept)
+    greedy : (B,) bool, rows whose temperature is under ``T_GREEDY``
+    argmax : (B,) long, the lowest index among each row's maxima of ``s``
+    """
+    p = params
+    B = s.shape[0]
+    names = {f.name for f in active_filters(p)}
+    h = None
+    if p.free_energy or p.adaptive != "none":
+        h = entropy_parts(s)[0]  # (B,) entropy of softmax(s), nats
+    t64 = _temperatures(p, h, B, s.device)  # (B,)
+    greedy = t64 < T_GREEDY
+    t = torch.where(greedy, torch.ones_like(t64), t64).float()[:, None]  # (B, 1)
+    block = s / t  # (B, V) what the filters see (order "hf")
+    arg = s.max(-1).indices  # (B,) first maximal index
+    keep = torch.ones_like(s, dtype=torch.bool)  # (B, V)
+    if names & {"top_p", "min_p"}:
+        probs = torch.softmax(block, -1)  # (B, V)
+        first = torch.zeros_like(keep).scatter_(-1, block.max(-1, keepdim=True).indices, True)
+        if "top_p" in names:
+            order = torch.sort(block, dim=-1, descending=True, stable=True).indices  # (B, V)
+            q = probs.gather(-1, order)  # (B, V) descending
+            inside = (q.cumsum(-1) - q) < p.top_p  # mass strictly ahead of each token
+            inside[:, 0] = True
+            keep &= torch.zeros_like(keep).scatter_(-1, order, inside)
+        if "min_p" in names:
+            keep &= ~(probs < p.min_p * probs.amax(-1, keepdim=True)) | first
+    if "free_energy" in names:
+        window = (p.free_energy_kappa * t64).float() * h  # (B,) kappa·T·H
+        gap = s.amax(-1, keepdim=True) - s  # (B, V) U(w) - U_min
+        top = torch.zeros_like(keep).scatter_(-1, arg[:, None], True)
+        keep &= (gap <= window[:, None]) | top
+    z = torch.where(keep, block, torch.full_like(block, NEG_INF))  # (B, V)
+    final = torch.softmax(z, -1)  # (B, V)
+    return final, greedy, arg
+
+
+def choose_rows(final: Tensor, u: Tensor) -> Tensor:
+    """Each row's pick by inverse CDF at ``u`` (B,), as :func:`~semviz.sampling.choose`.
+
+    The CDF runs over each row's probabilities in stable descending order (ties by the
+    lower index), in float64, at ``u`` times the row's total. ``(B, V), (B,) -> (B,)``
+    """
+    p = final.double()  # (B, V)
+    target = (u.double() * p.sum(-1))[:, None]  # (B, 1)
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices  # (B, V)
+    cdf = p.gather(-1, order).cumsum(-1)  # (B, V)
+    pos = torch.searchsorted(cdf, target, right=True)[:, 0]  # (B,)
+    n = (p > 0).sum(-1).clamp_min(1)  # tokens that can be picked
+    pos = torch.minimum(pos, n - 1)
+    return order.gather(-1, pos[:, None])[:, 0]
 
 
 class RawLogProb(LogitsProcessor):
@@ -218,6 +354,7 @@ def processor_chain(
     pad_token_id: int | None = None,
     eos_token_ids: Sequence[int] = (),
     tokenizer=None,
+    rows: str = "auto",
 ) -> LogitsProcessorList:
     """``[RawLogProb, NarrativeGravityLogitsProcessor (when λ ≠ 0), SeededSampler]``.
 
@@ -244,7 +381,7 @@ def processor_chain(
             )
         )
     rest = params.replace(gravity_lambda=0.0, gravity_mode="full")
-    procs.append(SeededSampler(list(seeds), rest, eos_token_ids=eos_token_ids))
+    procs.append(SeededSampler(list(seeds), rest, eos_token_ids=eos_token_ids, rows=rows))
     return LogitsProcessorList(procs)
 
 
@@ -307,6 +444,7 @@ def generate_batch(
     max_new_tokens: int,
     on_token: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    rows: str = "auto",
 ) -> BatchOutput:
     """Continue every prompt with its seed in ONE ``model.generate()`` call (left-padded).
 
@@ -317,6 +455,7 @@ def generate_batch(
     seeds : B seeds, one per row
     on_token : called after every generated position with its 1-based count
     should_stop : polled after every position; True ends the call (``stopped`` is then set)
+    rows : how the sampler runs the chain (:class:`SeededSampler`): auto, loop or tensor
     """
     if len(prompt_ids) != len(seeds) or not seeds:
         raise ValueError(f"give one seed per prompt: {len(prompt_ids)} prompts, {len(seeds)} seeds")
@@ -341,7 +480,7 @@ def generate_batch(
     with stack, torch.inference_mode():
         chain = processor_chain(
             model, params, seeds, attention_sink=att, hidden_sink=hid, pad_token_id=pad,
-            eos_token_ids=eos, tokenizer=lm.tokenizer,
+            eos_token_ids=eos, tokenizer=lm.tokenizer, rows=rows,
         )  # fmt: skip
         ticks = _Ticks(on_token, should_stop, chain[0])
         out = model.generate(

@@ -51,7 +51,8 @@ import numpy as np
 import pandas as pd
 
 from semviz.analysis.compare import Side
-from semviz.analysis.metrics import REPETITION_N, word_metrics
+from semviz.analysis.metrics import REPETITION_N, pooled_distinct, self_bleu, word_metrics
+from semviz.frontier.executor import ShardTask
 from semviz.output import files, style
 
 __all__ = [
@@ -60,12 +61,17 @@ __all__ = [
     "PROMPTS_PATH",
     "SHIPPED",
     "X_AXES",
+    "AUTO",
     "Dominance",
     "Progress",
     "Prompt",
     "Summary",
     "SweepConfig",
     "SweepResult",
+    "SweepTask",
+    "agreement",
+    "axis_resolution",
+    "best_axis",
     "dominance",
     "frontier_figure",
     "load_prompts",
@@ -74,7 +80,11 @@ __all__ = [
     "normalize_knob",
     "per_prompt",
     "run_sweep",
+    "score_results",
+    "select",
+    "shards",
     "summarize",
+    "sweep_task",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,11 +106,15 @@ _ALIASES = {
     "lambda": "gravity_lambda",
     "λ": "gravity_lambda",
 }
+# diversity axes, each "higher is more diverse"; the last three compare a prompt's seeds
 X_AXES: dict[str, str] = {
     "distinct_2": "distinct-2 (word bigrams)",
     "distinct_1": "distinct-1 (words)",
     "dissimilarity": "1 − cross-seed similarity",
+    "bleu_diversity": "1 − self-BLEU between seeds",
+    "pooled_distinct_2": "distinct-2 pooled over seeds",
 }
+AUTO = "auto"  # summarize(x="auto"): the axis the sweep resolves best (see best_axis)
 KEY = ("spec", "knob", "value", "prompt_id", "prompt_sha", "seed", "model", "new_tokens", "chat")
 SPLITS = ("dev", "test")
 
@@ -183,9 +197,9 @@ class SweepConfig:
     knob: str = "temperature"
     values: tuple[float, ...] = KNOBS["temperature"]
     split: str = "test"
-    n_prompts: int = 12  # 3 of each kind: with 2 seeds and 48 tokens, under a minute of CPU
-    seeds: int = 2
-    new_tokens: int = 48
+    n_prompts: int | None = None  # None: every prompt of the half
+    seeds: int = 4  # self-BLEU and pooled distinct-n compare a prompt's seeds
+    new_tokens: int = 128
     chat: bool | None = None
     batch_rows: int | None = None  # rows per generate() call; None: a whole point
     prompts_path: str | None = None
@@ -205,7 +219,7 @@ class SweepConfig:
             raise ValueError(f"values: {list(self.values)} repeats a value")
         for name in ("n_prompts", "seeds", "new_tokens", "batch_rows"):
             v = getattr(self, name)
-            if (v is not None or name != "batch_rows") and v < 1:
+            if (v is not None or name not in ("batch_rows", "n_prompts")) and v < 1:
                 raise ValueError(f"{name} must be at least 1, got {v}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
@@ -223,21 +237,21 @@ class SweepConfig:
 
 @dataclass
 class Progress:
-    """Where a sweep stands; handed to ``on_progress`` after every generated position."""
+    """Where a sweep stands; handed to ``on_progress`` as the work goes on.
 
-    rows_done: int
+    ``rows_done`` is the rows' worth of work done: finished rows (those already in the file
+    included) plus the done share of every batch in flight.
+    """
+
+    rows_done: float
     rows_total: int
     point: str
-    step: int = 0
-    steps: int = 0
-    chunk_rows: int = 0
 
     @property
     def fraction(self) -> float:
         if self.rows_total == 0:
             return 1.0
-        part = self.chunk_rows * self.step / self.steps if self.steps else 0
-        return min((self.rows_done + part) / self.rows_total, 1.0)
+        return min(self.rows_done / self.rows_total, 1.0)
 
 
 @dataclass
@@ -279,22 +293,20 @@ def _key(d) -> tuple:
     return tuple(d[k] if k != "value" else round(float(d[k]), 9) for k in KEY)
 
 
-def _todo(cfg: SweepConfig, lm, chat: bool, prompts: list[Prompt], done: set) -> list[dict]:
-    """Rows still to make, grouped by point (setting, value) in sweep order."""
+def _rows(cfg: SweepConfig, model: str, chat: bool, prompts: list[Prompt]) -> list[dict]:
+    """Every row of the sweep, grouped by point (setting, value) in sweep order."""
     rows = []
     for side in cfg.settings:
         for v in cfg.values:
             for pr in prompts:
                 for seed in range(cfg.seeds):
-                    r = {
+                    rows.append({
                         "setting": side.label, "spec": spec_of(side), "knob": cfg.knob,
                         "value": float(v), "prompt_id": pr.id, "prompt_sha": pr.sha,
                         "kind": pr.kind, "split": pr.split, "prompt": pr.text, "seed": seed,
-                        "model": lm.name, "new_tokens": cfg.new_tokens, "chat": chat,
+                        "model": model, "new_tokens": cfg.new_tokens, "chat": chat,
                         "_side": side,
-                    }  # fmt: skip
-                    if _key(r) not in done:
-                        rows.append(r)
+                    })  # fmt: skip
     return rows
 
 
@@ -310,66 +322,101 @@ def _chunks(rows: list[dict], size: int) -> list[list[dict]]:
     return out
 
 
+def shards(cfg: SweepConfig, model: str, chat: bool, prompts: list[Prompt], done: set) -> list:
+    """The batches still to run, as :class:`~semviz.frontier.executor.Shard` s.
+
+    The batches are cut from the whole sweep, before the rows already done are removed, so
+    a resumed sweep runs the same batches (the same rows padded together) as one that never
+    stopped: a stop drops whole batches only.
+    """
+    from semviz.frontier.executor import Shard
+
+    rows = _rows(cfg, model, chat, prompts)
+    size = cfg.batch_rows or len(prompts) * cfg.seeds
+    out = []
+    for i, chunk in enumerate(_chunks(rows, size)):
+        todo = [r for r in chunk if _key(r) not in done]
+        if todo:
+            label = f"{todo[0]['setting']} @ {cfg.knob}={todo[0]['value']:g}"
+            out.append(Shard(key=i, payload=todo, size=len(todo), label=label))
+    return out
+
+
 def run_sweep(
     lm,
     cfg: SweepConfig,
     out: str | Path = DEFAULT_OUT,
     *,
     judge=None,
+    score: bool = True,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    executor=None,
 ) -> SweepResult:
     """Generate and score every missing row of ``cfg``, appending to ``out`` after each batch.
 
     Rows already in ``out`` (same setting, knob value, prompt text, seed, model, length and
     chat template) are skipped, so a stopped sweep resumes. ``should_stop`` is polled after
-    every generated position; a stop drops the unfinished batch and keeps every finished one.
-    """
-    from semviz.analysis.judge import load_judge
-    from semviz.decoding.decoder import encode_prompt
+    every generated position; a stop drops the unfinished batches and keeps every finished one.
 
-    judge = judge if judge is not None else load_judge()
-    if judge.model is lm.model:
-        raise ValueError("the judge must not be the model being steered")
+    Parameters
+    ----------
+    lm : the loaded model, for a sweep in this process (None with a Ray ``executor``)
+    score : False writes the rows without the judge's scores (``coherence`` and ``emb``
+        empty), for a machine without the judge; :func:`score_results` fills them later
+    executor : an :class:`~semviz.frontier.executor.Executor` of :func:`sweep_task` to run the
+        batches on (Ray workers); default: this process, on ``lm``
+    """
+    from semviz.frontier.executor import Executor
+
     path = Path(out)
-    chat = lm.is_chat if cfg.chat is None else bool(cfg.chat)
     prompts = load_prompts(cfg.prompts_path, split=cfg.split, n=cfg.n_prompts)
     old = load_results(path)
     missing = [k for k in KEY if k not in old.columns] if len(old) else []
     if missing:
         raise ValueError(f"{path.name} is not a frontier results file (no {missing[0]!r} column)")
-    done = {_key(r) for r in old.to_dict("records")} if len(old) else set()
-    todo = _todo(cfg, lm, chat, prompts, done)
-    total = len(cfg.settings) * len(cfg.values) * len(prompts) * cfg.seeds
-    ids = {pr.id: encode_prompt(lm, pr.text, chat) for pr in prompts}
-    emb = judge.embed([pr.text for pr in prompts]).numpy()  # (P, d)
-    sw = _Sweep(lm, cfg, judge, ids, dict(zip(ids, emb, strict=True)), should_stop)
-    timings = sw.timings
-    frame, made, stopped = old, 0, False
-    for chunk in _chunks(todo, cfg.batch_rows or len(todo) or 1):
-        point = f"{chunk[0]['setting']} @ {cfg.knob}={chunk[0]['value']:g}"
-        base = total - len(todo) + made
+    own = executor is None
+    if own:
+        if score and judge is None:
+            from semviz.analysis.judge import load_judge
 
-        def tick(step: int, _chunk=chunk, _point=point, _base=base) -> None:
+            judge = load_judge()
+        executor = Executor(sweep_task(cfg, score=score, judge=judge), lm=lm)
+    try:
+        info = executor.info()
+        chat = info.is_chat if cfg.chat is None else bool(cfg.chat)
+        done = {_key(r) for r in old.to_dict("records")} if len(old) else set()
+        todo = shards(cfg, info.model, chat, prompts, done)
+        total = len(cfg.settings) * len(cfg.values) * len(prompts) * cfg.seeds
+        skipped = total - int(sum(s.size for s in todo))
+        timings = {"generate": 0.0, "sampler": 0.0, "judge": 0.0, "points": 0.0}
+        state = {"frame": old, "made": 0}
+
+        def on_result(shard, res) -> None:
+            rows, t = res
+            frame = state["frame"]
+            new = pd.DataFrame(rows)
+            state["frame"] = pd.concat([frame, new], ignore_index=True) if len(frame) else new
+            _write(state["frame"], path)
+            state["made"] += len(rows)
+            for k in ("generate", "sampler", "judge"):
+                timings[k] += t[k]
+            timings["points"] += len(rows) / (len(prompts) * cfg.seeds)
+
+        def progress(done_rows: float, _total: float, label: str) -> None:
             if on_progress is not None:
-                on_progress(Progress(_base, total, _point, step, cfg.new_tokens, len(_chunk)))
+                on_progress(Progress(skipped + done_rows, total, label))
 
-        rows = _run_chunk(sw, chunk, tick)
-        if rows is None:
-            stopped = True
-            break
-        frame = (
-            pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
-            if len(frame)
-            else pd.DataFrame(rows)
+        stopped = executor.run(
+            todo, on_result=on_result, on_progress=progress, should_stop=should_stop
         )
-        _write(frame, path)
-        made += len(rows)
-        timings["points"] += len(rows) / (len(prompts) * cfg.seeds)
+    finally:
+        if own:
+            executor.close()
     if on_progress is not None:
-        on_progress(Progress(total - len(todo) + made, total, "done"))
-    mine = select(frame, cfg, lm.name, chat, prompts)
-    return SweepResult(mine, made, total - len(todo), stopped, timings)
+        on_progress(Progress(skipped + state["made"], total, "done"))
+    mine = select(state["frame"], cfg, info.model, chat, prompts)
+    return SweepResult(mine, state["made"], skipped, stopped, timings)
 
 
 def select(frame: pd.DataFrame, cfg: SweepConfig, model: str, chat: bool, prompts) -> pd.DataFrame:
@@ -391,58 +438,132 @@ def select(frame: pd.DataFrame, cfg: SweepConfig, model: str, chat: bool, prompt
     return frame[m].reset_index(drop=True)
 
 
-@dataclass
-class _Sweep:
-    """What every batch of one :func:`run_sweep` call shares."""
+class SweepTask(ShardTask):
+    """The frontier's :class:`~semviz.frontier.executor.ShardTask`: a shard is one batch of
+    rows of one point; the result is its finished rows and their timings."""
 
-    lm: object
-    cfg: SweepConfig
-    judge: object
-    ids: dict  # prompt id -> token ids (through the chat template when on)
-    prompt_emb: dict  # prompt id -> (d,) judge embedding
-    should_stop: Callable[[], bool] | None
-    timings: dict = field(
-        default_factory=lambda: {"generate": 0.0, "sampler": 0.0, "judge": 0.0, "points": 0.0}
-    )
+    def __init__(self, cfg: SweepConfig, score: bool, judge=None) -> None:
+        self.cfg, self.score, self.judge = cfg, score, judge
+
+    def __getstate__(self) -> dict:  # a Ray worker loads its own judge
+        return {"cfg": self.cfg, "score": self.score, "judge": None}
+
+    def setup(self, lm):
+        judge = self.judge
+        if self.score and judge is None:
+            from semviz.analysis.judge import load_judge
+
+            judge = load_judge()
+        if judge is not None and judge.model is lm.model:
+            raise ValueError("the judge must not be the model being steered")
+        return lm, (judge if self.score else None)
+
+    def run(self, state, chunk, tick, should_stop):
+        lm, judge = state
+        n = self.cfg.new_tokens
+        return _run_chunk(lm, self.cfg, judge, chunk, lambda step: tick(step / n), should_stop)
 
 
-def _run_chunk(sw: _Sweep, chunk: list[dict], tick: Callable[[int], None]) -> list[dict] | None:
-    """Generate one batch and score it: the finished rows, or None when stopped."""
+def sweep_task(cfg: SweepConfig, *, score: bool = True, judge=None) -> SweepTask:
+    """The :class:`~semviz.frontier.executor.ShardTask` that runs ``cfg``'s batches."""
+    return SweepTask(cfg, score, judge)
+
+
+def _run_chunk(lm, cfg, judge, chunk: list[dict], tick, should_stop):
+    """Generate one batch and score it: ``(rows, timings)``, or None when stopped."""
+    from semviz.decoding.decoder import encode_prompt
     from semviz.frontier.batched import generate_batch
 
-    lm, cfg, judge, ids = sw.lm, sw.cfg, sw.judge, sw.ids
-    prompt_emb, timings, should_stop = sw.prompt_emb, sw.timings, sw.should_stop
-
+    chat = chunk[0]["chat"]
+    texts_p = {r["prompt_id"]: r["prompt"] for r in chunk}
+    ids = {k: encode_prompt(lm, t, chat) for k, t in texts_p.items()}
     params = cfg.params(chunk[0]["_side"], chunk[0]["value"])
-    p_ids = [ids[r["prompt_id"]] for r in chunk]
     gen = generate_batch(
-        lm, p_ids, [r["seed"] for r in chunk], params, max_new_tokens=cfg.new_tokens,
-        on_token=tick, should_stop=should_stop,
+        lm, [ids[r["prompt_id"]] for r in chunk], [r["seed"] for r in chunk], params,
+        max_new_tokens=cfg.new_tokens, on_token=tick, should_stop=should_stop,
     )  # fmt: skip
     if gen.stopped:
         return None
     tok = lm.tokenizer
     texts = [tok.decode(c, skip_special_tokens=True) for c in gen.ids]
     t0 = time.perf_counter()
-    emb = judge.embed(texts).numpy()  # (B, d)
+    if judge is not None:
+        p_emb = dict(zip(texts_p, judge.embed(list(texts_p.values())).numpy(), strict=True))
+        emb = judge.embed(texts).numpy()  # (B, d)
     t1 = time.perf_counter()
-    timings["generate"] += gen.seconds
-    timings["sampler"] += gen.sampler_seconds
-    timings["judge"] += t1 - t0
+    timings = {"generate": gen.seconds, "sampler": gen.sampler_seconds, "judge": t1 - t0}
     share = {"gen_seconds": gen.seconds / len(chunk), "judge_seconds": (t1 - t0) / len(chunk)}
     rows = []
-    for r, c, text, e, n, stop in zip(chunk, gen.ids, texts, emb, gen.nll, gen.stop, strict=True):
+    for i, (r, c, text, n, stop) in enumerate(
+        zip(chunk, gen.ids, texts, gen.nll, gen.stop, strict=True)
+    ):
         wm = word_metrics(text)
-        empty = wm["n_words"] == 0
-        coh = 0.0 if empty else float(np.dot(prompt_emb[r["prompt_id"]], e))
         row = {k: v for k, v in r.items() if k != "_side"}
         row.update(
-            text=text, n_tokens=len(c), stop=stop, coherence=coh, **wm, nll=n,
-            ppl=math.exp(n) if math.isfinite(n) else math.nan, judge=judge.name,
-            emb=e.astype(np.float16).tobytes(), batch_rows=len(chunk), **share,
+            text=text, n_tokens=len(c), stop=stop, **wm, nll=n,
+            ppl=math.exp(n) if math.isfinite(n) else math.nan, batch_rows=len(chunk), **share,
         )  # fmt: skip
+        row.update(_judged(judge, wm, p_emb[r["prompt_id"]], emb[i]) if judge else _UNSCORED)
         rows.append(row)
-    return rows
+    return rows, timings
+
+
+_UNSCORED = {"coherence": math.nan, "judge": None, "emb": None}
+
+
+def _judged(judge, wm: dict, prompt_emb: np.ndarray, e: np.ndarray) -> dict:
+    """The judge's columns of a row: coherence (0 for a text without words) and embedding."""
+    coh = 0.0 if wm["n_words"] == 0 else float(np.dot(prompt_emb, e))
+    return {"coherence": coh, "judge": judge.name, "emb": e.astype(np.float16).tobytes()}
+
+
+def score_results(
+    path: str | Path,
+    judge=None,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    batch: int = 512,
+) -> int:
+    """Fill the judge's columns of every row of ``path`` that lacks them; returns how many.
+
+    For sweeps generated where the judge is not (``run_sweep(score=False)``, e.g. on a GPU
+    machine): the same scores as a sweep that judged as it went. The file is rewritten after
+    every ``batch`` rows, so a stop keeps what was scored.
+    """
+    from semviz.analysis.judge import load_judge
+
+    p = Path(path)
+    df = load_results(p)
+    if not len(df):
+        raise ValueError(f"{p.name} holds no results to score")
+    for col, default in _UNSCORED.items():
+        if col not in df.columns:
+            df[col] = default
+    df["emb"] = df["emb"].astype(object)
+    df["judge"] = df["judge"].astype(object)
+    todo = np.flatnonzero(df["coherence"].isna().to_numpy() | df["emb"].isna().to_numpy())
+    if not len(todo):
+        return 0
+    judge = judge if judge is not None else load_judge()
+    prompts = df["prompt"].iloc[todo].unique().tolist()
+    p_emb = dict(zip(prompts, judge.embed(prompts).numpy(), strict=True))
+    done = 0
+    for lo in range(0, len(todo), batch):
+        if should_stop is not None and should_stop():
+            break
+        idx = todo[lo : lo + batch]
+        emb = judge.embed(df["text"].iloc[idx].tolist()).numpy()  # (b, d)
+        for i, e in zip(idx, emb, strict=True):
+            r = df.iloc[i]
+            got = _judged(judge, {"n_words": r["n_words"]}, p_emb[r["prompt"]], e)
+            for k, v in got.items():
+                df.at[df.index[i], k] = v
+        _write(df, p)
+        done += len(idx)
+        if on_progress is not None:
+            on_progress(Progress(done, len(todo), "scoring"))
+    return done
 
 
 # -- statistics ---------------------------------------------------------------------------------
@@ -453,10 +574,18 @@ def _cross_sim(group: pd.DataFrame) -> float:
 
     from semviz.analysis.judge import cross_similarity
 
-    if len(group) < 2:
+    embs = [b for b in group["emb"] if isinstance(b, bytes)]  # unscored rows have none
+    if len(embs) < 2:
         return math.nan
-    e = np.stack([np.frombuffer(b, dtype=np.float16).astype(np.float32) for b in group["emb"]])
+    e = np.stack([np.frombuffer(b, dtype=np.float16).astype(np.float32) for b in embs])
     return cross_similarity(torch.from_numpy(e))
+
+
+def _between_seeds(group: pd.DataFrame) -> pd.Series:
+    texts = group["text"].tolist()
+    return pd.Series(
+        {"self_bleu": self_bleu(texts), "pooled_distinct_2": pooled_distinct(texts, 2)}
+    )
 
 
 def per_prompt(df: pd.DataFrame) -> pd.DataFrame:
@@ -464,7 +593,11 @@ def per_prompt(df: pd.DataFrame) -> pd.DataFrame:
 
     ``short`` is the share of seeds whose continuation has fewer than four words;
     ``cross_sim`` the mean cosine between different seeds' continuations (the judge's);
-    ``dissimilarity`` is ``1 - cross_sim``; ``nll`` the mean per-token NLL (nats).
+    ``dissimilarity`` is ``1 - cross_sim``; ``self_bleu`` the mean BLEU of each seed's
+    continuation against the others' and ``bleu_diversity`` ``1 - self_bleu``;
+    ``pooled_distinct_2`` distinct word bigrams over all the seeds' continuations together
+    (:mod:`semviz.analysis.metrics`); ``nll`` the mean per-token NLL (nats).
+    Rows without the judge's scores (``coherence`` NaN) keep their text metrics.
     """
     if not len(df):
         return pd.DataFrame()
@@ -477,12 +610,16 @@ def per_prompt(df: pd.DataFrame) -> pd.DataFrame:
     out["seeds"] = g.size()
     out["cross_sim"] = g.apply(_cross_sim, include_groups=False)
     out["dissimilarity"] = 1.0 - out["cross_sim"]
+    between = g[["text"]].apply(_between_seeds)
+    out["self_bleu"] = between["self_bleu"]
+    out["bleu_diversity"] = 1.0 - out["self_bleu"]
+    out["pooled_distinct_2"] = between["pooled_distinct_2"]
     return out.reset_index()
 
 
 METRICS = (
     "coherence", "distinct_1", "distinct_2", "dissimilarity", "cross_sim", "repetition",
-    "short", "nll",
+    "short", "nll", "self_bleu", "bleu_diversity", "pooled_distinct_2",
 )  # fmt: skip
 
 
@@ -499,6 +636,13 @@ class Dominance:
     x_lo: float
     x_hi: float
     n_boot: int
+
+    @property
+    def winner(self) -> str:
+        """``"b"`` or ``"a"`` (that side dominates), ``"neither"``, or ``"none"`` (no overlap)."""
+        if not math.isfinite(self.gap):
+            return "none"
+        return "b" if self.lo > 0 else "a" if self.hi < 0 else "neither"
 
     @property
     def verdict(self) -> str:
@@ -553,7 +697,12 @@ def matched_gap(
 
 @dataclass
 class Summary:
-    """Points with bootstrap CIs, and every setting against the first at matched diversity."""
+    """Points with bootstrap CIs, and every setting against the first at matched diversity.
+
+    ``dominance`` is on the axis ``x``; ``by_axis`` holds the same comparisons on every
+    axis of ``X_AXES``, ``agreement`` one sentence per compared setting saying which axes
+    agree, and ``resolution`` how well the sweep resolves each axis (:func:`axis_resolution`).
+    """
 
     points: pd.DataFrame  # one row per (setting, value): mean, lo, hi of each metric
     dominance: list[Dominance]
@@ -561,13 +710,19 @@ class Summary:
     knob: str
     n_prompts: int
     n_boot: int
+    by_axis: dict[str, list[Dominance]] = field(default_factory=dict)
+    agreement: list[str] = field(default_factory=list)
+    resolution: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         pts = self.points.drop(columns=["spec"], errors="ignore")
         recs = json.loads(pts.to_json(orient="records"))
+        res = {k: (v if math.isfinite(v) else None) for k, v in self.resolution.items()}
         return {
             "x": self.x, "knob": self.knob, "n_prompts": self.n_prompts, "n_boot": self.n_boot,
             "points": recs, "dominance": [d.to_dict() for d in self.dominance],
+            "axes": {a: [d.to_dict() for d in ds] for a, ds in self.by_axis.items()},
+            "agreement": self.agreement, "resolution": res,
         }  # fmt: skip
 
 
@@ -592,19 +747,47 @@ def _nan_quiet():
         yield
 
 
-def summarize(
-    df: pd.DataFrame, *, x: str = "distinct_2", n_boot: int = 1000, seed: int = 0
-) -> Summary:
+def axis_resolution(points: pd.DataFrame, x: str) -> float:
+    """How many point CIs the sweep's matched diversity range spans on axis ``x``.
+
+    The range is the one the settings share (inside every setting's curve), or the one
+    setting's own range when there is only one; it is divided by the median width of the
+    points' 95 % CIs on ``x``. An axis that saturates (every point near 1, as word distinct-2
+    does on short texts) spans few CI widths, and one on which the settings do not overlap
+    spans none, so no matched comparison is possible there. NaN without data.
+    """
+    ok = points[[x, x + "_lo", x + "_hi"]].notna().all(axis=1)
+    t = points[ok]
+    if not len(t):
+        return math.nan
+    ranges = [(g[x].min(), g[x].max()) for _, g in t.groupby("spec", sort=False)]
+    lo, hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
+    width = float(np.median(t[x + "_hi"] - t[x + "_lo"]))
+    if not hi > lo:
+        return 0.0
+    return float((hi - lo) / width) if width > 0 else math.inf
+
+
+def best_axis(points: pd.DataFrame) -> str:
+    """The axis of ``X_AXES`` with the highest :func:`axis_resolution` (ties: listed first)."""
+    res = {a: axis_resolution(points, a) for a in X_AXES if a in points.columns}
+    finite = {a: r for a, r in res.items() if not math.isnan(r)}
+    return max(finite, key=finite.get) if finite else next(iter(X_AXES))
+
+
+def summarize(df: pd.DataFrame, *, x: str = AUTO, n_boot: int = 1000, seed: int = 0) -> Summary:
     """Points with 95 % bootstrap CIs over prompts, and dominance of every setting over the first.
 
     Parameters
     ----------
-    df : result rows (from :func:`run_sweep` or :func:`load_results`), one knob
-    x : diversity axis, one of ``X_AXES``
+    df : result rows (from :func:`run_sweep` or :func:`load_results`), one knob; rows the
+        judge has not scored yet (``coherence`` NaN) are left out
+    x : diversity axis of ``dominance``, one of ``X_AXES``, or ``"auto"``: the one the sweep
+        resolves best (:func:`best_axis`). Dominance is computed on every axis either way.
     n_boot : bootstrap draws; ``seed`` makes them reproducible
     """
-    if x not in X_AXES:
-        raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
+    if x != AUTO and x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)} or auto, got {x!r}")
     if n_boot < 10:
         raise ValueError(f"n_boot must be at least 10, got {n_boot}")
     if not len(df):
@@ -612,6 +795,12 @@ def summarize(
     knobs = df["knob"].unique()
     if len(knobs) != 1:
         raise ValueError(f"the rows sweep several knobs ({', '.join(map(str, knobs))}): pick one")
+    df = df[df["coherence"].notna()]
+    if not len(df):
+        raise ValueError(
+            "no row has the judge's scores yet: score the file first (python -m semviz "
+            "frontier --score --out FILE)"
+        )
     pp = per_prompt(df)
     specs = list(dict.fromkeys(pp["spec"]))
     label = {s: pp.loc[pp["spec"] == s, "setting"].iloc[0] for s in specs}
@@ -642,8 +831,63 @@ def summarize(
         for suffix in ("", "_lo", "_hi"):
             r["ppl" + suffix] = float(np.exp(r["nll" + suffix]))
     table = pd.DataFrame(rows)
-    doms = [_dominance(table, boots, points, (specs[0], s), x=x, label=label) for s in specs[1:]]
-    return Summary(table, doms, x, str(knobs[0]), len(prompts), n_boot)
+    resolution = {a: axis_resolution(table, a) for a in X_AXES}
+    x = best_axis(table) if x == AUTO else x
+    by_axis = {
+        a: [_dominance(table, boots, points, (specs[0], s), x=a, label=label) for s in specs[1:]]
+        for a in X_AXES
+    }
+    agree = [agreement([by_axis[a][i] for a in X_AXES]) for i in range(len(specs) - 1)]
+    return Summary(
+        table, by_axis[x], x, str(knobs[0]), len(prompts), n_boot, by_axis, agree, resolution
+    )
+
+
+def _names(axes: list[str]) -> str:
+    names = [X_AXES[a] for a in axes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def agreement(doms: Sequence[Dominance]) -> str:
+    """One sentence on which diversity axes agree, for one pair compared on several axes.
+
+    Examples
+    --------
+    >>> d = lambda x, lo, hi: Dominance("A", "B", x, (lo + hi) / 2, lo, hi, 0.1, 0.9, 100)
+    >>> agreement([d("distinct_2", -0.2, -0.1), d("dissimilarity", -0.05, 0.02)])
+    'On no diversity axis does B beat A: A dominates on distinct-2 (word bigrams); neither dominates on 1 − cross-seed similarity.'
+    """
+    if not doms:
+        raise ValueError("doms: give at least one comparison")
+    a, b = doms[0].a, doms[0].b
+    by: dict[str, list[str]] = {"a": [], "b": [], "neither": [], "none": []}
+    for d in doms:
+        by[d.winner].append(d.x)
+    n = len(doms)
+    rest = []
+    if by["neither"]:
+        rest.append(f"neither dominates on {_names(by['neither'])}")
+    if by["none"]:
+        rest.append(f"the curves share no range on {_names(by['none'])}")
+    tail = "; ".join(rest)
+    if len(by["a"]) == n:
+        return f"On every diversity axis {a} dominates {b}."
+    if len(by["b"]) == n:
+        return f"On every diversity axis {b} dominates {a}."
+    if by["a"] and by["b"]:
+        return (
+            f"The diversity axes disagree: {b} dominates {a} on {_names(by['b'])}, {a} "
+            f"dominates {b} on {_names(by['a'])}" + (f"; {tail}." if tail else ".")
+        )
+    if by["b"]:
+        return f"On no diversity axis does {a} beat {b}: {b} dominates on {_names(by['b'])}" + (
+            f"; {tail}." if tail else "."
+        )
+    if by["a"]:
+        return f"On no diversity axis does {b} beat {a}: {a} dominates on {_names(by['a'])}" + (
+            f"; {tail}." if tail else "."
+        )
+    return f"On no diversity axis does either of {a} and {b} dominate: {tail}."
 
 
 def _dominance(table, boots, points, pair, *, x: str, label: dict) -> Dominance:
@@ -652,6 +896,10 @@ def _dominance(table, boots, points, pair, *, x: str, label: dict) -> Dominance:
     ia = [i for i, p in enumerate(points) if p[0] == sa]
     ib = [i for i, p in enumerate(points) if p[0] == sb]
     xs, ys = table[x].to_numpy(), table["coherence"].to_numpy()
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    ia, ib = [i for i in ia if ok[i]], [i for i in ib if ok[i]]
+    if len(ia) < 2 or len(ib) < 2:  # a single point has no range to match
+        return Dominance(label[sa], label[sb], x, *([math.nan] * 5), 0)
     gap = matched_gap(xs[ia], ys[ia], xs[ib], ys[ib])
     bx, by = boots[x], boots["coherence"]
     draws = np.array(

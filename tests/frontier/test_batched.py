@@ -185,3 +185,77 @@ def test_real_model_batched_equals_one_at_a_time_equals_the_decoder(real_lm):
         )
         d.run(12)
         assert got == d.trace.token_ids
+
+
+TENSOR_CHAINS = {
+    "temperature": PruneParams(temperature=0.8),
+    "top-p": PruneParams(temperature=1.3, top_p=0.9),
+    "min-p": PruneParams(temperature=1.6, min_p=0.1),
+    "top-p and min-p": PruneParams(temperature=1.0, top_p=0.8, min_p=0.05),
+    "adaptive target": PruneParams(temperature=1.0, adaptive="target", top_p=0.95),
+    "edt": PruneParams(temperature=1.0, adaptive="edt"),
+    "free energy": PruneParams(temperature=1.2, free_energy=True),
+    "greedy by edt": PruneParams(temperature=1e-5),
+}
+
+
+@pytest.mark.parametrize("chain", list(TENSOR_CHAINS))
+def test_tensor_rows_pick_what_the_core_picks(chain):
+    params = TENSOR_CHAINS[chain]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 500, generator=g) * 3  # (B, V) peaked enough to make sets differ
+    x[0, :2] = 20.0  # a tie at the top: the lower index wins
+    x[1] = 0.0  # a flat row
+    seeds = list(range(100, 164))
+    for step in range(3):  # the draws advance per row as the loop's do
+        loop = SeededSampler(seeds, params, rows="loop")
+        tensor = SeededSampler(seeds, params, rows="tensor")
+        for _ in range(step + 1):
+            a = loop(None, x).argmax(-1)
+            b = tensor(None, x).argmax(-1)
+        assert torch.equal(a, b)
+        assert loop.uniforms == tensor.uniforms
+
+
+def test_tensor_rows_finish_a_row_at_eos_as_the_loop_does():
+    x = torch.zeros(3, 10)
+    x[:, 7] = 5.0  # eos is the likely pick
+    samp = {
+        r: SeededSampler([0, 1, 2], PruneParams(), eos_token_ids=[7], rows=r)
+        for r in ("loop", "tensor")
+    }
+    for _ in range(4):
+        outs = [samp[r](None, x).argmax(-1) for r in ("loop", "tensor")]
+        assert torch.equal(*outs)
+        assert samp["loop"].done == samp["tensor"].done
+        assert samp["loop"].uniforms == samp["tensor"].uniforms
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        PruneParams(top_k=40),
+        PruneParams(adaptive="mirostat"),
+        PruneParams(top_p=0.9, min_p=0.1, combine="sequential"),
+        PruneParams(tie_rule="hf", top_p=0.9),
+    ],
+)
+def test_tensor_rows_refuse_chains_they_do_not_run(params):
+    with pytest.raises(ValueError, match="needs rows='loop'"):
+        SeededSampler([0], params, rows="tensor")
+
+
+def test_auto_rows_run_the_core_on_cpu_scores():
+    with pytest.raises(ValueError, match="`rows` must be auto, loop or tensor"):
+        SeededSampler([0], rows="gpu")
+    s = SeededSampler([0, 1], PruneParams(top_k=5))  # not tensor-able: auto still runs it
+    assert s(None, torch.randn(2, 30)).shape == (2, 30)
+
+
+def test_batched_tensor_rows_equal_the_loop_on_a_model(peaked_lm):
+    rows, seeds = _rows(peaked_lm), [0, 1, 2, 3]
+    params = PruneParams(temperature=1.2, min_p=0.05)
+    a = generate_batch(peaked_lm, rows, seeds, params, max_new_tokens=12, rows="loop")
+    b = generate_batch(peaked_lm, rows, seeds, params, max_new_tokens=12, rows="tensor")
+    assert a.ids == b.ids
+    assert a.uniforms == b.uniforms

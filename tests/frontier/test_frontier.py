@@ -5,9 +5,9 @@ from __future__ import annotations
 import doctest
 import json
 import math
-from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import semviz.frontier.sweep
@@ -26,18 +26,17 @@ from tests.frontier import synth
 # -- the prompt set ---------------------------------------------------------------------------
 
 
-def test_prompt_set_has_two_balanced_halves_of_four_kinds():
+def test_prompt_set_has_two_balanced_halves_of_five_kinds():
     every = load_prompts(split=None)
-    assert len(every) >= 40
+    assert len(every) >= 200
     assert len({p.id for p in every}) == len(every)
     assert len({p.text for p in every}) == len(every)
-    kinds = {"story", "explanation", "question", "code"}
+    kinds = ["story", "explanation", "question", "dialogue", "code"]
     for split in ("dev", "test"):
         half = load_prompts(split=split)
         assert len(half) == len(every) // 2
-        assert set(Counter(p.kind for p in half)) == kinds
-        assert Counter(p.kind for p in half[:12]) == {k: 3 for k in kinds}  # the default 12
-        assert Counter(p.kind for p in half[:20]) == {k: 5 for k in kinds}
+        assert [p.kind for p in half] == kinds * (len(half) // 5)  # kinds in turn
+        assert all(p.id.startswith(f"{split}-{p.kind}-") for p in half)
     assert not {p.text for p in load_prompts(split="dev")} & {p.text for p in load_prompts()}
 
 
@@ -170,8 +169,8 @@ def test_a_stopped_sweep_resumes_and_ends_like_an_uninterrupted_one(peaked_lm, j
     out = tmp_path / "r.parquet"
     seen = []
 
-    def stop_in_second_batch():
-        return any(p.rows_done >= 4 and p.step >= 2 for p in seen)
+    def stop_in_second_batch():  # half of the second batch of 4 rows made
+        return any(p.rows_done >= 6 for p in seen)
 
     first = run_sweep(peaked_lm, cfg, out, judge=judge, on_progress=seen.append,
                       should_stop=stop_in_second_batch)  # fmt: skip
@@ -244,3 +243,97 @@ def test_a_results_file_over_its_limit_is_refused_before_it_is_read(tmp_path):
     out.write_bytes(b"not parquet")
     with pytest.raises(ValueError, match="r.parquet is not a readable results file"):
         load_results(out)
+
+
+# -- every diversity axis, the headline axis and the agreement sentence ------------------------
+
+
+def _pair(coh_b_shift: float, d2_b: dict | None = None):
+    d2 = {0.7: [0.80, 0.82, 0.84, 0.86], 1.3: [0.90, 0.92, 0.94, 0.96]}
+    coh = [0.6, 0.5, 0.7, 0.4]
+    return synth.rows({
+        "A": {v: ([c - 0.2 * (v > 1) for c in coh], d2[v]) for v in d2},
+        "B": {v: ([c + coh_b_shift - 0.2 * (v > 1) for c in coh], (d2_b or d2)[v]) for v in d2},
+    })  # fmt: skip
+
+
+def test_dominance_is_computed_on_every_axis_and_the_verdict_names_the_agreement():
+    s = summarize(_pair(-0.1), n_boot=100)
+    assert set(s.by_axis) == set(semviz.frontier.sweep.X_AXES)
+    # synth rows: distinct-1 = distinct-2 and identical seeds' texts up to the seed word
+    assert s.by_axis["distinct_2"][0].winner == "a"
+    assert s.by_axis["distinct_1"][0].winner == "a"
+    assert s.by_axis["distinct_2"][0].gap == pytest.approx(-0.1)
+    assert len(s.agreement) == 1
+    assert s.agreement[0].startswith("On no diversity axis does B beat A: A dominates on ")
+    d = s.to_dict()
+    assert set(d["axes"]) == set(semviz.frontier.sweep.X_AXES) and d["agreement"] == s.agreement
+
+
+def test_agreement_sentences_for_each_case():
+    from semviz.frontier.sweep import Dominance, agreement
+
+    def d(x, lo, hi):
+        gap = math.nan if lo is None else (lo + hi) / 2
+        return Dominance("A", "B", x, gap, lo or math.nan, hi or math.nan, 0.1, 0.9, 10)
+
+    assert agreement([d("distinct_2", 0.1, 0.2), d("dissimilarity", 0.05, 0.3)]) == (
+        "On every diversity axis B dominates A."
+    )
+    assert agreement([d("distinct_2", -0.2, -0.1)]) == "On every diversity axis A dominates B."
+    assert agreement([d("distinct_2", 0.1, 0.2), d("dissimilarity", -0.2, -0.1)]) == (
+        "The diversity axes disagree: B dominates A on distinct-2 (word bigrams), A dominates "
+        "B on 1 − cross-seed similarity."
+    )
+    assert agreement([d("distinct_2", -0.1, 0.2), d("bleu_diversity", None, None)]) == (
+        "On no diversity axis does either of A and B dominate: neither dominates on distinct-2 "
+        "(word bigrams); the curves share no range on 1 − self-BLEU between seeds."
+    )
+    with pytest.raises(ValueError, match="doms"):
+        agreement([])
+
+
+def test_the_headline_axis_is_the_one_spanning_most_point_cis():
+    from semviz.frontier.sweep import axis_resolution, best_axis
+
+    pts = pd.DataFrame({
+        "spec": ["a", "a", "b", "b"],
+        "wide": [0.1, 0.9, 0.2, 0.8], "wide_lo": [0.0, 0.8, 0.1, 0.7], "wide_hi": [0.2, 1.0, 0.3, 0.9],
+        "flat": [0.97, 0.99, 0.98, 0.99], "flat_lo": [0.9, 0.9, 0.9, 0.9], "flat_hi": [1.0] * 4,
+        "apart": [0.1, 0.2, 0.5, 0.6], "apart_lo": [0.0, 0.1, 0.4, 0.5], "apart_hi": [0.2, 0.3, 0.6, 0.7],
+    })  # fmt: skip
+    assert axis_resolution(pts, "wide") == pytest.approx((0.8 - 0.2) / 0.2)
+    assert axis_resolution(pts, "flat") == pytest.approx((0.99 - 0.98) / 0.1)
+    assert axis_resolution(pts, "apart") == 0.0  # no common range: no matched comparison
+    real = summarize(_pair(0.0), n_boot=100)
+    assert real.x == best_axis(real.points)
+    assert real.resolution[real.x] == max(real.resolution.values())
+
+
+def test_unscored_rows_are_left_out_and_a_file_of_them_says_how_to_score():
+    df = _pair(0.1)
+    scored = summarize(df, n_boot=50)
+    extra = df.iloc[:4].assign(coherence=np.nan, emb=None, value=2.0)
+    assert summarize(pd.concat([df, extra]), n_boot=50).points.equals(scored.points)
+    with pytest.raises(ValueError, match="--score"):
+        summarize(df.assign(coherence=np.nan), n_boot=50)
+
+
+def test_a_sweep_without_the_judge_scored_later_equals_one_judged_as_it_went(
+    peaked_lm, judge, tmp_path
+):
+    from semviz.frontier.sweep import score_results
+
+    cfg = _cfg(values=(1.0,))
+    a = run_sweep(peaked_lm, cfg, tmp_path / "a.parquet", judge=judge).frame
+    path = tmp_path / "b.parquet"
+    b = run_sweep(peaked_lm, cfg, path, score=False).frame
+    assert len(b) == 8 and b["coherence"].isna().all() and b["emb"].isna().all()
+    assert b["text"].tolist() == a["text"].tolist()
+    assert score_results(path, judge) == 8
+    assert score_results(path, judge) == 0  # nothing left to score
+    b = load_results(path)
+    assert np.allclose(b["coherence"], a["coherence"], atol=1e-3)
+    emb = lambda df: np.stack([np.frombuffer(e, dtype=np.float16) for e in df["emb"]])  # noqa: E731
+    assert np.allclose(emb(a), emb(b), atol=2e-3)
+    assert (b["judge"] == "all-MiniLM-L6-v2").all()
