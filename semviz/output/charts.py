@@ -1166,6 +1166,13 @@ def lens_layers_figure(step, chosen_text: str, top_texts: Sequence[str]) -> go.F
     return _figure(data, _legend_below(layout))
 
 
+def _probability_scale(lo: float = 0.12, n: int = 11) -> list[list]:
+    """``style.PROBABILITY_SCALE`` as the shade of probability chips reads it (pale for 0,
+    dark for 1, from a tint rather than white), as explicit stops: plotly.js's own scale of
+    that name runs the other way."""
+    return [[i / (n - 1), style.shade(i / (n - 1), lo=lo)] for i in range(n)]
+
+
 def lens_grid_figure(
     grid,
     top_texts: Sequence[Sequence[str]],
@@ -1187,21 +1194,26 @@ def lens_grid_figure(
     ys = lens_row_labels(rows)
     steps = [int(s) for s in grid.steps]
     chosen = [_text(t) for t in chosen_texts]
-    cd = [
-        [
-            [steps[j], _text(top_texts[r][j]), chosen[j], fmt_prob(float(grid.chosen_prob[r, j])),
-             int(grid.chosen_rank[r, j])]
-            for j in range(n)
-        ]
-        for r in range(rows)
-    ]  # fmt: skip
     trace = {
         "type": "heatmap", "z": grid.top_prob.tolist(), "x": steps, "y": ys,
-        "zmin": 0.0, "zmax": 1.0, "colorscale": style.PROBABILITY_SCALE, "customdata": cd,
-        "colorbar": {"title": {"text": "top p"}},
-        "hovertemplate": "step %{customdata[0]}, after %{y}<br>top: %{customdata[1]} (%{z:.3f})"
-        "<br>chosen %{customdata[2]}: p %{customdata[3]}, rank %{customdata[4]}<extra></extra>",
-        "xgap": 1, "ygap": 1,
+        "zmin": 0.0, "zmax": 1.0, "colorscale": _probability_scale(), "hoverinfo": "skip",
+        "colorbar": {"title": {"text": "top p"}}, "xgap": 1, "ygap": 1,
+    }  # fmt: skip
+    # heatmap cells cannot be selected: a transparent marker on every cell carries the hover
+    # and the step a click selects (customdata[0], as on every step-axis chart)
+    cells = [(r, j) for r in range(rows) for j in range(n)]
+    picker = {
+        "type": "scatter", "mode": "markers", "x": [steps[j] for _, j in cells],
+        "y": [ys[r] for r, _ in cells], "showlegend": False, "unselected": _KEEP_OPAQUE,
+        "marker": {"symbol": "square", "size": 12, "color": "rgba(0,0,0,0)"},
+        "customdata": [
+            [steps[j], _text(top_texts[r][j]), chosen[j], fmt_prob(float(grid.chosen_prob[r, j])),
+             int(grid.chosen_rank[r, j]), fmt_prob(float(grid.top_prob[r, j]))]
+            for r, j in cells
+        ],
+        "hovertemplate": "step %{customdata[0]}, after %{y}<br>top: %{customdata[1]} "
+        "(%{customdata[5]})<br>chosen %{customdata[2]}: p %{customdata[3]}, rank "
+        "%{customdata[4]}<extra></extra>",
     }  # fmt: skip
     if n <= LENS_TEXT_COLS:
         trace["text"] = [[_show(top_texts[r][j]) for j in range(n)] for r in range(rows)]
@@ -1212,17 +1224,20 @@ def lens_grid_figure(
         xaxis.update(tickvals=steps, ticktext=[f"{s} {_show(t)}" for s, t in zip(steps, chosen_texts, strict=True)],
                      tickangle=-60, tickfont={"size": 10})  # fmt: skip
     layout = _base(None, max(360, 16 * rows + 200))
+    # the cells exactly: the markers would pad an automatic range
+    xaxis["range"] = [steps[0] - 0.5, steps[-1] + 0.5] if steps else None
     layout.update(
         xaxis=xaxis,
-        yaxis={"title": {"text": "after layer"}, "type": "category", "tickfont": {"size": 10}},
-    )
+        yaxis={"title": {"text": "after layer"}, "type": "category", "tickfont": {"size": 10},
+               "range": [-0.5, rows - 0.5]},
+    )  # fmt: skip
     if selected is not None and selected in steps:
         layout["shapes"] = [{
             "type": "rect", "xref": "x", "x0": selected - 0.5, "x1": selected + 0.5,
             "yref": "y domain", "y0": 0, "y1": 1,  # no fill: the default
             "line": {"color": style.FOCUS, "width": 3},
         }]  # fmt: skip
-    return _figure([trace], layout)
+    return _figure([trace, picker], layout)
 
 
 def _attribution_bars(

@@ -18,6 +18,17 @@ N = 6
 SIZES = ((1280, 800), (390, 844))
 
 
+# the page coordinates of the centre of cell (step, row) of chart number i
+CELL = """
+([i, step, row]) => {
+  const gd = document.querySelectorAll('.js-plotly-plot')[i];
+  const fl = gd._fullLayout, box = gd.getBoundingClientRect();
+  const y = fl.yaxis.d2p(fl.yaxis._categories[row]);
+  return [box.left + fl._size.l + fl.xaxis.d2p(step), box.top + fl._size.t + y];
+}
+"""
+
+
 def _plots(page) -> list[dict]:
     return json.loads(
         page.evaluate(
@@ -50,6 +61,18 @@ def test_lens_page_in_the_browser(browser, app_url):
         assert all(len(row) == N for row in grid["z"])
         body = page.inner_text("body")
         assert "rose through the layers" in body and "each block's share of the logit" in body
+        # a click on a cell of the grid's step-2 column selects step 2 on every page
+        page.evaluate("document.querySelectorAll('.js-plotly-plot')[1].scrollIntoView()")
+        time.sleep(1.0)
+        xy = page.evaluate(CELL, [1, 2, 10])
+        page.mouse.click(xy[0], xy[1])
+        deadline = time.time() + 60
+        while "Step 2: how" not in page.inner_text("body"):
+            assert time.time() < deadline, "a click on the grid did not select its step"
+            time.sleep(0.25)
+        wait_idle(page)
+        no_traceback(page)
+        assert len(_wait_plots(page, 6)[1]["data"][0]["z"][0]) == 3  # the grid ends at step 2
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         for theme in ("light", "dark"):
             page.emulate_media(color_scheme=theme)
