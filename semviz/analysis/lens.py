@@ -483,7 +483,10 @@ def _attn_out(path: _Attention, z: Tensor) -> tuple[Tensor, Tensor | None, Tenso
 
 def _parts(model, rec: StepRecord) -> tuple[Tensor, Tensor, Tensor, _Norm]:
     """The final residual's parts: embedding (d,), attention (L, d), MLP (L, d), and the
-    final norm frozen at the final residual."""
+    final norm frozen at the final residual (cached per step: every attribution reads them)."""
+    hit = _cache.get(model, rec, "parts")
+    if hit is not None:
+        return hit
     _check(model, rec)
     if rec.head_out is None:
         raise LensError(
@@ -498,7 +501,9 @@ def _parts(model, rec: StepRecord) -> tuple[Tensor, Tensor, Tensor, _Norm]:
         for i in range(block.shape[0])
     ])  # fmt: skip
     frozen = _freeze(_final_norm(model), rows[-1], "final norm")
-    return rows[0], attn, block - attn, frozen
+    out = (rows[0], attn, block - attn, frozen)
+    _cache.put(model, rec, "parts", out)
+    return out
 
 
 def _read(model, token_ids: Sequence[int], frozen: _Norm, parts: Tensor) -> Tensor:

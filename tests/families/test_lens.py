@@ -188,3 +188,35 @@ def test_the_capital_rises_from_the_embedding_to_the_top(real_lm):
     assert s.kl[-1] == pytest.approx(0.0, abs=1e-6) and s.kl[0] > 1.0
     ba = lens.block_attribution(real_lm, rec)
     assert abs(ba.total() - ba.logit).max() < 1e-3
+
+
+def test_rows_fed_together_record_the_lens_they_record_alone(tiny_lm):
+    """Decoders fed as rows of one padded forward record each their own residual, head
+    outputs and attention metrics, as they do alone."""
+    from semviz.decoding.together import feed_together
+
+    prompts = ["The sea", "Once upon a time there was a lighthouse keeper who", "Water boils at"]
+
+    def make() -> list[Decoder]:
+        return [
+            Decoder(tiny_lm, p, PruneParams(temperature=0.9), DecodeSettings(seed=i, chat=False))
+            for i, p in enumerate(prompts)
+        ]
+
+    alone, together = make(), make()
+    for d in [*alone, *together]:
+        d.step()  # the prefill
+    for _ in range(3):
+        assert feed_together(together) == len(prompts)
+        for a, b in zip(alone, together, strict=True):
+            a.step()
+            b.step()
+            ra, rb = a.trace.steps[-1], b.trace.steps[-1]
+            assert rb.token_id == ra.token_id
+            torch.testing.assert_close(rb.residual_last, ra.residual_last, atol=1e-4, rtol=0)
+            torch.testing.assert_close(rb.residual.float(), ra.residual.float(), atol=2e-3, rtol=0)
+            torch.testing.assert_close(rb.head_out.float(), ra.head_out.float(), atol=2e-3, rtol=0)
+            for name in ATTENTION_METRICS:
+                torch.testing.assert_close(
+                    rb.attn_metrics[name], ra.attn_metrics[name], atol=1e-4, rtol=1e-4
+                )
