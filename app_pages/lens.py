@@ -3,7 +3,7 @@
 import streamlit as st
 
 from semviz.analysis import lens
-from semviz.output import charts
+from semviz.output import charts, headview
 from ui import page, runner, views
 from ui.errors import guard
 
@@ -99,6 +99,14 @@ if page.need_trace(ctx):
             )  # fmt: skip
             ha = lens.head_attribution(lm, rec, int(layer))
             views.chart(charts.head_contributions_figure(ha, names), key="lens_heads")
+            if rec.attention is not None:
+                ctx_labels = ctx.context_labels(rec.cache_positions.tolist())
+                st.html(
+                    headview.head_view_html(
+                        rec.attention[int(layer)].float().numpy(), ctx_labels,
+                        query=ctx_labels[-1], layer=int(layer), key="lens-hv",
+                    )
+                )  # fmt: skip
             bt = lens.block_tokens(lm, rec, k=6)
             part = c2.selectbox("Block", bt.names, index=len(bt.names) - 1, key="lens_part")
             j = bt.names.index(part)

@@ -59,6 +59,19 @@ def test_lens_page_in_the_browser(browser, app_url):
         grid = plots[1]["data"][0]
         assert grid["type"] == "heatmap" and len(grid["z"]) == 31
         assert all(len(row) == N for row in grid["z"])
+        # the head view: one toggle per head of SmolLM2-135M (9), lines that a toggle hides
+        hv = page.locator("#lens-hv")
+        assert hv.locator('input[type="checkbox"]').count() == 9
+        shown = (
+            "() => [...document.querySelectorAll('#lens-hv img.hv-h0')]"
+            ".map(l => getComputedStyle(l).display !== 'none')"
+        )
+        before = page.evaluate(shown)
+        assert len(before) > 0 and all(before), before
+        hv.locator('label[for="lens-hv-h0"]').click()
+        assert not any(page.evaluate(shown)), "the toggle did not hide head 0"
+        hv.locator('label[for="lens-hv-h0"]').click()
+        assert all(page.evaluate(shown))
         body = page.inner_text("body")
         assert "rose through the layers" in body and "each block's share of the logit" in body
         # a click on a cell of the grid's step-2 column selects step 2 on every page
