@@ -1205,7 +1205,7 @@ def lens_grid_figure(
     picker = {
         "type": "scatter", "mode": "markers", "x": [steps[j] for _, j in cells],
         "y": [ys[r] for r, _ in cells], "showlegend": False, "unselected": _KEEP_OPAQUE,
-        "marker": {"symbol": "square", "size": 12, "color": "rgba(0,0,0,0)"},
+        "marker": {"symbol": "square", "size": 12, "color": style.rgba(style.REFERENCE, 0.0)},
         "customdata": [
             [steps[j], _text(top_texts[r][j]), chosen[j], fmt_prob(float(grid.chosen_prob[r, j])),
              int(grid.chosen_rank[r, j]), fmt_prob(float(grid.top_prob[r, j]))]
