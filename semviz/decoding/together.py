@@ -4,7 +4,8 @@ A decoder's next forward can share a batch with others when it keeps its full ca
 eviction) and reads with the same model. Rows at one position share a cache that later steps
 reuse (:class:`_SharedRows`); rows at different positions are padded into one batch and each
 row's new entries are appended to its own cache. A row's logits equal those of its own forward
-up to float rounding (``tests/decoding/test_together.py``).
+up to float rounding (``tests/decoding/test_together.py``), so a draw that lands between two
+tokens whose logits are that close can pick the other one.
 """
 
 from __future__ import annotations
