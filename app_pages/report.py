@@ -76,7 +76,8 @@ if trace is not None:
         wi = ctx.wi if shows.startswith("the what-if") else None
     kind, sentence = report.shown_state(wi)
     views.state_badge(kind, sentence)
-    vs = report.views(trace, tokenizer=tok, selected=selected, whatif=wi)
+    lm = ctx.lm if tok is not None else None  # the lens views need the run's own model
+    vs = report.views(trace, tokenizer=tok, selected=selected, whatif=wi, lm=lm)
     m = run_metrics(trace).to_dict()
     cols = st.columns(5)
     for c, k in zip(cols, ("distinct_1", "distinct_2", "repetition_rate", "mean_entropy",
@@ -111,7 +112,7 @@ if trace is not None:
             out = Path(tmp)
             try:
                 report.build(trace, out, tokenizer=tok, selected=selected, png=pngs,
-                             progress=progress, whatif=wi)  # fmt: skip
+                             progress=progress, whatif=wi, lm=lm)  # fmt: skip
                 store["done"] = True
             except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
                 st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")

@@ -131,9 +131,10 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     at2.text_input(key="report_path").input(str(tmp_path / "t.json")).run()
     no_errors(at2)
     assert specs(at2) == list(in_report.values())
-    lm_tok = at.session_state["semviz"].decoder.lm.tokenizer
-    again = report.views(Trace.load(tmp_path / "t.json"), tokenizer=lm_tok)
+    lm = at.session_state["semviz"].decoder.lm
+    again = report.views(Trace.load(tmp_path / "t.json"), tokenizer=lm.tokenizer, lm=lm)
     assert [v.json() for v in again] == specs(at2)
+    assert {"lens_layers", "lens_blocks"} <= {v.name for v in again}  # the page passes its model
     at2.text_input(key="report_path").input(str(tmp_path / "missing.json")).run()
     assert any("Trace not read" in e.value for e in at2.error)
 
