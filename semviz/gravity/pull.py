@@ -135,7 +135,8 @@ def context_pull(model: torch.nn.Module, params: Any, ctx: GravityContext) -> Co
     if "attention" in src.reads:
         if ctx.attention is None:
             raise ValueError(f"gravity_mass={src.name!r} needs the step's attention (L, H, S)")
-        att = ctx.attention.detach().to(torch.float16).float()  # (L, H, S)
+        # the masks and positions live on the CPU, wherever the model ran
+        att = ctx.attention.detach().to(torch.float16).float().cpu()  # (L, H, S)
         if att.shape[-1] != pos.numel():
             raise ValueError(
                 f"attention covers {att.shape[-1]} positions, the context {pos.numel()}"
@@ -149,7 +150,8 @@ def context_pull(model: torch.nn.Module, params: Any, ctx: GravityContext) -> Co
     elif bool(ok.any()):
         m = ok.float() / ok.sum()
     vecs = _context_rows(model, params, ctx, pos[ok], ids[ok])  # (S', d)
-    pull = (m[ok].unsqueeze(0) @ vecs)[0] if vecs.shape[0] else vecs.new_zeros(vecs.shape[1])
+    w = m[ok].to(vecs.device)  # (S',) the masses meet the vectors on the model's device
+    pull = (w.unsqueeze(0) @ vecs)[0] if vecs.shape[0] else vecs.new_zeros(vecs.shape[1])
     return ContextPull(positions=pos, mass=m, pull=pull, ema=carry)
 
 

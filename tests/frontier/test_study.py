@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
+import torch
 
 from semviz.frontier import study
 from semviz.frontier.sweep import spec_of
@@ -54,3 +56,17 @@ def test_a_small_study_writes_unscored_rows_and_its_costs(peaked_dir, tmp_path, 
     assert study.main(argv) == 0
     assert len(pd.read_parquet(out / study.RESULTS)) == len(df)
     assert json.loads((out / "study.json").read_text())["arms"][0]["new_rows"] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gravity_arms_run_on_cuda(peaked_dir, tmp_path):
+    """Both gravity arms on a GPU: their per-row work meets the model's tensors there."""
+    out = tmp_path / "study"
+    argv = ["--out", str(out), "--model", str(peaked_dir), "--device", "cuda"]
+    argv += ["--prompts", "2", "--seeds", "2", "--tokens", "4", "--arms", "3,6"]
+    assert study.main(argv) == 0
+    meta = json.loads((out / "study.json").read_text())
+    assert [a.get("error") for a in meta["arms"]] == [None, None]
+    df = pd.read_parquet(out / study.RESULTS)
+    assert len(df) == 2 * 4 * 2 * 2  # 2 arms × 4 temperatures × 2 prompts × 2 seeds
+    assert (df["n_tokens"] > 0).all()
