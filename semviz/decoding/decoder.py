@@ -248,6 +248,8 @@ class Decoder:
         attn = out.attention[:, row] if capture and out.attention is not None else None  # (L, H, S)
         with torch.inference_mode():
             logits, g, t_sem = self._head(h, attn)  # (V,), (V,) or None
+        # the sampling chain and the record work on the CPU, wherever the model runs
+        logits, g = logits.cpu(), None if g is None else g.cpu()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return _Forward(

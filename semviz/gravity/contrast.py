@@ -59,7 +59,7 @@ class Contrast(GravityKind):
         """``log P(w | C) - log P(w | short)`` over ``step``'s tokens. (V,) or (K,)"""
         lp = step.log_probs()
         if step.index is None:
-            return lp - log_probs(short[: lp.shape[-1]])
+            return lp - log_probs(short[: lp.shape[-1]].to(lp.device))
         return lp - log_probs(short)[step.index.long()]
 
     def terms(self, model, params, trace, i, token_id, hidden=None):

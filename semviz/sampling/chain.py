@@ -560,7 +560,7 @@ def _inverse_cdf(probs: Tensor, u: float) -> int:
     """
     p = probs.double()  # (K,)
     n = max(int(torch.count_nonzero(p > 0)), 1)  # tokens that can be picked
-    target = torch.tensor([u * float(p.sum())], dtype=torch.float64)
+    target = torch.tensor([u * float(p.sum())], dtype=torch.float64, device=p.device)
     k = min(256, n)
     while True:
         head = stable_head(p, k) if k < n else stable_order(p.unsqueeze(0))[0][:n]  # (k',)

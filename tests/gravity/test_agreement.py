@@ -130,3 +130,20 @@ def test_gravity_terms_sum_to_the_raw_potential(tiny_lm):
     assert (terms[: roles.numel()][(roles != gv.USER).numpy()] == 0).all()
     with pytest.raises(ValueError, match="no per-token terms"):
         gv.gravity_terms(tiny_lm.model, d.trace, i, tok, p.replace(gravity_kind="contrast"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("params", [gv.FIRST_GRAVITY, {"gravity_kind": "contrast"}])
+def test_decoder_on_cuda_gives_the_cpu_gravity(tiny_dir, params):
+    """The first gravity and the default on a GPU: the same tokens and G as on the CPU."""
+    import semviz
+
+    p = PULL.replace(**params)
+    runs = [
+        _run(semviz.load_model(str(tiny_dir), dtype="float32", device=dev), p)
+        for dev in ("cpu", "cuda")
+    ]
+    cpu, gpu = runs
+    assert gpu.trace.token_ids == cpu.trace.token_ids
+    for a, b in zip(cpu.trace.steps, gpu.trace.steps, strict=True):
+        torch.testing.assert_close(b.gravity.cpu(), a.gravity, atol=1e-4, rtol=0)
