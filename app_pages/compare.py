@@ -12,7 +12,7 @@ from semviz.analysis import compare as cmp
 from semviz.analysis.metrics import METRIC_INFO
 from semviz.decoding.decoder import encode_prompt
 from ui import page, server
-from ui.errors import message
+from ui.errors import report
 
 TICK_SECONDS = 0.4
 TICK_EVERY = 0.5
@@ -57,7 +57,7 @@ def _start() -> None:
                 seed=int(settings.seed), chat=settings.chat,
             )  # fmt: skip
     except Exception as exc:  # shown above the results; nothing else is touched
-        job.update(error=message(exc), running=False)
+        job.update(error=report(exc, "Compare"), running=False)
         return
     job.update(result=res, running=True)
 
@@ -85,7 +85,7 @@ def results() -> None:
             with server.model_turn() as turn:  # one tick; between tokens others go first
                 cmp.advance(res, seconds=TICK_SECONDS, on_step=lambda *_: turn.let_others())
         except Exception as exc:
-            job.update(error=message(exc), running=False)
+            job.update(error=report(exc, "Compare"), running=False)
         if res.finished:
             job["running"] = False
             res.release()

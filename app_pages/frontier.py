@@ -18,7 +18,7 @@ import streamlit as st
 
 from semviz.frontier import sweep as fr
 from ui import page, server
-from ui.errors import message
+from ui.errors import message, report
 
 POLL_SECONDS = 1.0
 
@@ -163,7 +163,7 @@ def _worker(lm, cfg: fr.SweepConfig, out: str, state: dict) -> None:
         state.update(result=f"{res.new_rows} new rows, {res.skipped_rows} already there"
                      + (" · stopped" if res.stopped else ""))  # fmt: skip
     except Exception as exc:  # shown on the page; the rows written so far stay in the file
-        state["error"] = message(exc)
+        state["error"] = report(exc, "the sweep")
     finally:
         state["running"] = False
 
@@ -185,7 +185,7 @@ def _start() -> None:
         )  # fmt: skip
         out = ss["fr_out"].strip() or fr.DEFAULT_OUT
     except Exception as exc:
-        job["error"] = message(exc)
+        job["error"] = report(exc, "the sweep")
         return
     job.update(running=True, out=out)
     threading.Thread(target=_worker, args=(ctx.lm, cfg, out, job), daemon=True).start()

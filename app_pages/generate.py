@@ -7,7 +7,7 @@ import streamlit as st
 from semviz.output import charts, escape, style
 from semviz.output.style import display_token
 from ui import page, runner, views
-from ui.errors import message
+from ui.errors import report
 
 ctx = page.context("Generate", header=False)
 sess = ctx.sess
@@ -42,7 +42,7 @@ def _act(kind: str) -> None:
         elif kind == "play":
             runner.start(sess, s, "play", None)
     except Exception as exc:  # shown by the page header; the session's run is kept
-        sess.error = message(exc)
+        sess.error = report(exc, kind.capitalize())
 
 
 # a horizontal container wraps on a narrow screen instead of stacking one button per row
@@ -83,7 +83,7 @@ def _branch(k: int, token_id: int) -> None:
     try:
         runner.branch_from(sess, page.current_settings(), k, token_id)
     except Exception as exc:
-        sess.error = message(exc)
+        sess.error = report(exc, "Branch")
     sess.extra["rerun_app"] = True
 
 
@@ -178,7 +178,7 @@ def _switch(key: str) -> None:
     try:
         runner.switch_branch(sess, int(st.session_state[key]))
     except Exception as exc:
-        sess.error = message(exc)
+        sess.error = report(exc, "switching branches")
 
 
 bs = runner.branches(sess)
@@ -203,7 +203,7 @@ def _rewind(k: int) -> None:
     try:
         runner.rewind(sess, page.current_settings(), k)
     except Exception as exc:
-        sess.error = message(exc)
+        sess.error = report(exc, "Rewind")
 
 
 def _branch_here(k: int, key: str) -> None:

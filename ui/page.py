@@ -16,8 +16,8 @@ import streamlit as st
 from semviz.output import escape
 from semviz.output.style import display_token
 from semviz.sampling import PruneParams
-from ui import nav, runner, whatif
-from ui.errors import guard, message
+from ui import nav, runner, server, whatif
+from ui.errors import guard, report
 from ui.locks import page_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings, session, url_count
@@ -130,6 +130,7 @@ def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
     from ui import controls
 
     settings = controls.sidebar()
+    server.apply_upload_limit()  # follows the server's settings file as it changes
     sess = session(st.session_state)
     lm = None
     with guard("loading the model", show=False) as err:
@@ -186,7 +187,7 @@ def open_link(ctx: PageContext) -> None:
             "settings (same seed, same tokens)."
         )
     except Exception as exc:  # shown by the header; nothing to lose yet
-        sess.error = message(exc)
+        sess.error = report(exc, "reproducing the linked run")
 
 
 TICK_EVERY = 0.5  # seconds between job ticks; a Stop click waits at most TICK_SECONDS
@@ -280,7 +281,7 @@ def _tick(ctx: PageContext) -> None:
         pass  # another run of this session holds the decoder: try again next tick
     except Exception as exc:  # the task ends; every completed step is kept
         runner.stop(sess)
-        sess.error = message(exc)
+        sess.error = report(exc, "the running task")
 
 
 def _stop_job(sess: SessionData) -> None:
@@ -420,7 +421,7 @@ def _regenerate(sess: SessionData, settings: Settings, k: int) -> None:
     try:
         runner.regenerate_from(sess, settings, k)
     except Exception as exc:  # shown by the header; the run is kept
-        sess.error = message(exc)
+        sess.error = report(exc, "Regenerate")
 
 
 def step_selector(ctx: PageContext, *, key: str = "step_sel") -> int | None:

@@ -50,7 +50,7 @@ from semviz.output.style import display_token
 from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
 from ui import kv, server
-from ui.errors import message
+from ui.errors import report
 from ui.locks import WAIT_SECONDS, session_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings
@@ -734,7 +734,7 @@ def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
         try:
             _ghost_steps(g, t0, seconds)
         except Exception as exc:  # the ghost says why; the run itself is not touched
-            g.error = message(exc)
+            g.error = report(exc, "the what-if continuation")
     return g.complete
 
 

@@ -88,7 +88,9 @@ def drop_run(sess: Any, why: str) -> bool:
     sess.decoder = sess.run_key = sess.whatif = sess.kv_eval = sess.prefill_scan = None
     sess.selected, sess.playing, sess.run_target, sess.error = None, False, None, None
     for key in [k for k in sess.extra if k not in kept]:
-        del sess.extra[key]
+        value = sess.extra.pop(key)
+        if isinstance(value, dict):  # a page's fragment may still hold it: empty it too
+            value.clear()
     if had:
         sess.notice = why
     return had

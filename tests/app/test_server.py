@@ -284,6 +284,32 @@ def test_an_upload_over_the_limit_is_refused_before_parsing(monkeypatch):
     assert server.config().trace_bytes() == MAX_BYTES  # one person's machine: the trace's own
 
 
+def test_streamlits_own_upload_limit_follows_the_servers(monkeypatch):
+    """The upload endpoint checks ``server.maxUploadSize`` on every request: a file sent
+    straight to it, past the page's uploader, meets the same limit."""
+    from streamlit import config as st_config
+
+    from semviz.output.trace import MAX_BYTES
+
+    before = st_config.get_option("server.maxUploadSize")
+    try:
+        monkeypatch.setenv("SEMVIZ_SHARED", "1")
+        monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "2")
+        server.apply_upload_limit()
+        assert st_config.get_option("server.maxUploadSize") == 2
+        monkeypatch.delenv("SEMVIZ_MAX_UPLOAD_MB")
+        server.apply_upload_limit()  # shared mode's default
+        assert st_config.get_option("server.maxUploadSize") == 50
+        monkeypatch.delenv("SEMVIZ_SHARED")
+        server.apply_upload_limit()  # one person's machine: the largest trace it parses
+        assert st_config.get_option("server.maxUploadSize") == MAX_BYTES // 2**20
+        monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "lots")
+        server.apply_upload_limit()  # a bad setting: left as it was; every page says why
+        assert st_config.get_option("server.maxUploadSize") == MAX_BYTES // 2**20
+    finally:
+        st_config.set_option("server.maxUploadSize", before)
+
+
 def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
     f = tmp_path / "semviz.toml"
     f.write_text("# " + "x" * server.CONFIG_MAX_BYTES + "\nshared = true\n")
@@ -399,6 +425,26 @@ def test_dropping_a_run_frees_its_memory(tiny_lm):
     gc.collect()
     assert ref() is None and sess.notice == "gone" and sess.decoder is None
     assert not sessions.drop_run(sess, "again")  # nothing left to drop: no second notice
+
+
+def test_a_closed_kv_eval_tab_lets_its_evaluation_go(tiny_lm):
+    """The page's fragment closure keeps the job's dict after the run is dropped: the
+    evaluation it holds must go all the same."""
+    import gc
+    import weakref
+
+    from semviz.eviction import KVEval
+    from ui.state import SessionData
+
+    sess = SessionData()
+    run = KVEval(tiny_lm, list(range(5, 37)), ["full", "window"], (8,))
+    run.step()
+    job = sess.extra.setdefault("kv_eval", {"running": True, "run": run})  # as the page does
+    ref = weakref.ref(run)
+    del run
+    assert sessions.drop_run(sess, "gone")
+    gc.collect()
+    assert ref() is None and job == {} and "kv_eval" not in sess.extra
 
 
 def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(
