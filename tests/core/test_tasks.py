@@ -214,3 +214,85 @@ def test_refeed_takes_the_recorded_tokens_first(tiny_lm):
 def test_a_decode_task_needs_a_decoder_or_a_build():
     with pytest.raises(ValueError, match="needs a decoder or a way to build one"):
         DecodeTask()
+
+
+# -- the pages' long work ------------------------------------------------------------------------
+
+
+def _to_the_end(task: Task, owner: str = "page") -> Task:
+    turns = Turns(owner, ForwardQueue(poll=0.01))
+    while not task.advance(0.0, turns):  # a slice at a time, as the app's worker runs it
+        pass
+    return task
+
+
+def test_compare_task_equals_the_comparison_run_at_once(tiny_lm):
+    from semviz.analysis import compare
+    from semviz.tasks import CompareTask
+
+    sides = [compare.parse_side("top_p=0.9"), compare.parse_side("temperature=1.4")]
+    ref = compare.start(tiny_lm, PROMPT, sides, steps=6, seed=2)
+    compare.advance(ref)
+    t = CompareTask(tiny_lm, PROMPT, sides, steps=6, seed=2)
+    assert t.progress().phase == "reading the prompt" and t.result() is None
+    _to_the_end(t)
+    got = t.result()
+    assert [tr.token_ids for tr in got.traces] == [tr.token_ids for tr in ref.traces]
+    assert not got.stopped and t.cmp.decoders == []  # the caches went with the end
+    p = t.progress()
+    assert (p.done, p.total) == (12, 12)
+
+
+def test_a_stopped_compare_keeps_its_tokens_and_says_so(tiny_lm):
+    from semviz.analysis import compare
+    from semviz.tasks import CompareTask
+
+    sides = [compare.parse_side("top_p=0.9"), compare.parse_side("top_p=0.5")]
+    t = CompareTask(tiny_lm, PROMPT, sides, steps=30, seed=2)
+    turns = Turns("page", ForwardQueue(poll=0.01))
+    for _ in range(4):  # the prompt, then three tokens a side
+        t.advance(0.0, turns)
+    kept = t.result()
+    t.stop()
+    assert t.advance(60.0, turns) is True and t.stopped
+    got = t.result()
+    assert got.stopped and [len(tr.steps) for tr in got.traces] == [3, 3]
+    assert [tr.token_ids for tr in got.traces] == [tr.token_ids for tr in kept.traces]
+    assert t.cmp.decoders == []
+
+
+def test_kv_eval_task_rows_equal_kv_eval(tiny_lm):
+    from semviz.eviction import KVEval, kv_eval
+    from semviz.tasks import KVEvalTask
+
+    ids = list(range(40, 72))
+    ref = kv_eval(tiny_lm, ids, ["full", "window", "h2o"], (8,))
+    t = _to_the_end(KVEvalTask(KVEval(tiny_lm, ids, ["full", "window", "h2o"], (8,))))
+    timing = ("tokens_per_s", "seconds")
+    strip = [{k: v for k, v in r.items() if k not in timing} for r in t.result()]
+    assert strip == [{k: v for k, v in r.items() if k not in timing} for r in ref]
+    assert (t.progress().done, t.progress().total) == (32, 32)
+
+
+def test_prefill_scan_task_measures_each_length(tiny_lm):
+    from semviz.tasks import PrefillScanTask
+
+    t = PrefillScanTask(tiny_lm, [4, 16, 8], repeats=1)
+    t.advance(0.0, Turns("page", ForwardQueue(poll=0.01)))
+    assert t.result()[0] == [4] and t.progress().done == 1
+    _to_the_end(t)
+    n, s = t.result()
+    assert n == [4, 16, 8] and len(s) == 3 and all(x > 0 for x in s)
+
+
+def test_report_task_writes_the_bundle_and_stops_between_views(tiny_lm, tmp_path):
+    from semviz.tasks import ReportTask
+
+    dec = _decoder(tiny_lm, PruneParams())
+    dec.run(4)
+    t = _to_the_end(ReportTask(dec.trace, tmp_path / "r", tokenizer=tiny_lm.tokenizer, png=False))
+    rep = t.result()
+    assert rep.html.exists() and not rep.stopped and t.progress().done == 100
+    s = ReportTask(dec.trace, tmp_path / "s", tokenizer=tiny_lm.tokenizer, png=False)
+    s.stop()  # before it starts: nothing runs
+    assert s.advance(60.0, Turns("page", ForwardQueue(poll=0.01))) and s.result() is None
