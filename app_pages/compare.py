@@ -20,7 +20,7 @@ TICK_EVERY = 0.5
 ctx = page.context("Compare")
 sess = ctx.sess
 settings = ctx.settings
-job = sess.extra.setdefault("compare", {"running": False})
+job = sess.compare_job
 
 st.caption(
     "A side is a preset (`code`, `story`, `qa`, `brainstorm`), `plain`, or comma-separated "

@@ -84,13 +84,13 @@ def _branch(k: int, token_id: int) -> None:
         runner.branch_from(sess, page.current_settings(), k, token_id)
     except Exception as exc:
         sess.error = report(exc, "Branch")
-    sess.extra["rerun_app"] = True
+    sess.rerun_app = True
 
 
 def _select(i: int) -> None:
     n = len(ctx.steps)
     sess.selected = None if i >= n - 1 else int(i)
-    sess.extra["rerun_app"] = True
+    sess.rerun_app = True
 
 
 def _ghost_work(do: bool) -> bool:
@@ -110,7 +110,7 @@ def _ghost_payload() -> dict | None:
     k = ctx.first_diff
     if k is None:
         return None
-    g = sess.extra.get("ghost")
+    g = sess.ghost
     rest = len(ctx.steps) - k
     if g is not None and g.at == k and g.tokens:
         texts = [s.token_text for s in g.decoder.trace.steps[k:]]
@@ -210,7 +210,7 @@ def _branch_here(k: int, key: str) -> None:
     tid = st.session_state.get(key)
     if tid is not None:
         _branch(k, int(tid))
-        sess.extra.pop("rerun_app", None)
+        sess.rerun_app = False
 
 
 if ctx.steps and runner.job(sess) is None:

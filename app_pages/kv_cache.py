@@ -37,7 +37,7 @@ COLUMNS = {  # row key → (column title, number format)
 ctx = page.context("KV cache")
 sess = ctx.sess
 tr = ctx.trace
-job = sess.extra.setdefault("kv_eval", {"running": False})
+job = sess.kv_eval_job
 
 if page.need_trace(ctx):
     ev = tr.settings.get("eviction") if isinstance(tr.settings, dict) else None

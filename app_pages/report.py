@@ -21,7 +21,7 @@ from ui.errors import log
 ctx = page.context("Report")
 views.page_css()
 sess = ctx.sess
-store = sess.extra.setdefault("report", {})
+store = sess.report_files
 
 source = st.radio(
     "Report on", ["the current run", "a saved trace"], horizontal=True, key="report_source"

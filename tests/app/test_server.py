@@ -233,7 +233,7 @@ def test_shared_report_has_no_path_box_and_reads_no_path(monkeypatch, tiny_dir, 
     assert not at.exception and not at.error
     assert "report_path" not in [w.key for w in at.text_input]
     assert "This server takes traces by upload only." in [c.value for c in at.caption]
-    assert "loaded" not in at.session_state["semviz"].extra["report"]
+    assert "loaded" not in at.session_state["semviz"].report_files
 
 
 def test_single_user_report_still_reads_a_path(monkeypatch, tiny_dir, tmp_path):
@@ -386,7 +386,7 @@ def test_an_idle_session_loses_its_run_but_keeps_its_settings(monkeypatch, tiny_
     sessions.sweep(now=time.monotonic() + 30)  # not idle long enough yet
     assert sess.decoder is not None
     assert sessions.sweep(now=time.monotonic() + 61).idle >= 1
-    assert sess.decoder is None and sess.whatif is None
+    assert sess.decoder is None and sess.replay_memo == {}
     at.run()
     assert not at.exception
     assert any("closed after 1 idle minutes" in i.value for i in at.info)
@@ -439,12 +439,13 @@ def test_a_closed_kv_eval_tab_lets_its_evaluation_go(tiny_lm):
     sess = SessionData()
     run = KVEval(tiny_lm, list(range(5, 37)), ["full", "window"], (8,))
     run.step()
-    job = sess.extra.setdefault("kv_eval", {"running": True, "run": run})  # as the page does
+    job = sess.kv_eval_job  # the page's fragment holds it too
+    job.update(running=True, run=run)
     ref = weakref.ref(run)
     del run
     assert sessions.drop_run(sess, "gone")
     gc.collect()
-    assert ref() is None and job == {} and "kv_eval" not in sess.extra
+    assert ref() is None and job == {"running": False} and sess.kv_eval_job is job
 
 
 def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(
