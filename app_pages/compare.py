@@ -64,8 +64,10 @@ def _start() -> None:
 
 def _stop() -> None:
     job["running"] = False
-    if job.get("result") is not None and not job["result"].finished:
-        job["result"].stopped = True
+    res = job.get("result")
+    if res is not None and not res.finished:
+        res.stopped = True
+        res.release()  # the sides' caches go; their tokens stay
 
 
 b1, b2, _ = st.columns([1, 1, 4])

@@ -319,3 +319,20 @@ def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
     said = [c.value for c in app.caption if "first divergence" in c.value]
     assert said[0].startswith(f"{a}: 6 of 6 tokens · {b}: 4 of 6 tokens (eos) · done"), said
     assert [p.proto.value for p in app.get("progress")] == [100]
+
+
+def test_compare_stopped_keeps_its_tokens_and_lets_the_caches_go(app):
+    app.session_state["s_chat"] = False
+    app.switch_page("app_pages/compare.py").run()
+    app.number_input(key="cmp_steps").set_value(200)
+    app.button(key="cmp_run").click().run()
+    app.run()  # one tick decodes a few tokens a side
+    job = app.session_state["semviz"].compare_job
+    app.button(key="cmp_stop").click().run()
+    assert not app.exception, app.exception
+    res = job["result"]
+    made = [len(t.steps) for t in res.traces]
+    assert not job["running"] and res.stopped and res.decoders == []
+    assert 0 < min(made) and max(made) < 200
+    said = [c.value for c in app.caption if "first divergence" in c.value]
+    assert " · stopped · " in said[0], said
