@@ -334,8 +334,18 @@ def _fork_at(sess: SessionData, settings: Settings, k: int) -> tuple[Any, list[i
         kept = Trace(**{**vars(tr), "steps": tr.steps[:k], "stop_reason": None})
         return TraceRun(kept, "", settings.model_name()), list(tr.token_ids[:k]), True
     dec = cur.fork()
-    dec.rewind(k, settings.prune_params())
+    _rewind_in_turn(dec, k, settings.prune_params())
     return dec, [], False
+
+
+def _rewind_in_turn(dec: Decoder, k: int, params: PruneParams) -> None:
+    """``dec.rewind(k, params)``, in a model turn when that runs the model (back to the
+    prompt: a new prefill); cropping the cache to a later step runs none."""
+    if k > 0 and dec.eviction is None:
+        dec.rewind(k, params)
+        return
+    with server.model_turn():
+        dec.rewind(k, params)
 
 
 def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) -> None:
@@ -714,7 +724,7 @@ def ghost(
     else:
         with exclusive(sess):
             f = dec.fork()
-            f.rewind(at, params)
+            _rewind_in_turn(f, at, params)
         g = Ghost(at, params, key, f, target)
     sess.ghost = g
     return g
