@@ -155,11 +155,17 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 
 def _worker(lm, cfg: fr.SweepConfig, out: str, state: dict) -> None:
     """Runs in a thread: only plain data goes back through ``state`` (no Streamlit calls)."""
+
+    def progress(p, turn) -> None:
+        state.update(progress=p)
+        turn.let_others()  # between two positions: other sessions go first
+
     try:
-        res = fr.run_sweep(
-            lm, cfg, out, on_progress=lambda p: state.update(progress=p),
-            should_stop=lambda: state.get("stop", False),
-        )  # fmt: skip
+        with server.model_turn() as turn:  # the sweep's forwards take their turns in line
+            res = fr.run_sweep(
+                lm, cfg, out, on_progress=lambda p: progress(p, turn),
+                should_stop=lambda: state.get("stop", False),
+            )  # fmt: skip
         state.update(result=f"{res.new_rows} new rows, {res.skipped_rows} already there"
                      + (" · stopped" if res.stopped else ""))  # fmt: skip
     except Exception as exc:  # shown on the page; the rows written so far stay in the file

@@ -92,3 +92,41 @@ def test_every_forward_from_every_page_takes_a_turn(app):
     assert not app.exception, app.exception
     assert inside[0] > 50  # the pages above did run the model
     assert outside == [], "\n\n".join(outside)
+
+
+def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
+    """The sweep runs in the page's thread: its forwards wait in line like every other."""
+    import time
+
+    from ui.model import get_model
+
+    lm = get_model(app.session_state["settings"].model_name())
+    outside: list[str] = []
+    inside = [0]
+
+    def count(module, args) -> None:
+        with QUEUE._cond:
+            held = QUEUE._held()
+        if held is None:
+            outside.append("".join(traceback.format_stack(limit=40)))
+        else:
+            inside[0] += 1
+
+    hook = lm.model.model.layers[0].register_forward_pre_hook(count)
+    try:
+        app.switch_page("app_pages/frontier.py").run()
+        app.text_input(key="fr_values").set_value("0.7")
+        app.number_input(key="fr_n").set_value(1)
+        app.number_input(key="fr_seeds").set_value(1)
+        app.number_input(key="fr_tokens").set_value(4)
+        app.text_input(key="fr_out").set_value(str(tmp_path / "sweep.parquet"))
+        app.button(key="fr_run").click().run()
+        job = app.session_state["frontier_job"]
+        deadline = time.monotonic() + 300
+        while job["running"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        hook.remove()
+    assert not job["running"] and not job.get("error"), job.get("error")
+    assert inside[0] >= 4  # the prompt and the new tokens of each setting
+    assert outside == [], "\n\n".join(outside)
