@@ -431,8 +431,7 @@ def step_selector(ctx: PageContext, *, key: str = "step_sel") -> int | None:
     n = len(ctx.steps)
     if n == 0:
         return None
-    if n == 1:
-        ctx.sess.selected = 0
+    if n == 1:  # nothing to choose; the selection still follows the tokens to come
         return 0
 
     def _moved():

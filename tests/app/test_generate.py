@@ -344,3 +344,17 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
     finish_job(at)
     assert sess(at).decoder.n_steps == n
     assert sess(at).decoder.trace.token_ids[k : k + len(ghost)] == ghost
+
+
+def test_step_then_run_follows_the_new_tokens(app):
+    """The first step alone is the latest step, not a selection: the tokens that follow it
+    are shown as they come, as after any other step."""
+    app.button(key="btn_step").click().run()
+    finish_job(app)
+    assert sess(app).decoder.n_steps == 1 and sess(app).selected is None
+    app.session_state["s_run_n"] = 3
+    app.run()
+    app.button(key="btn_run").click().run()
+    finish_job(app)
+    assert sess(app).decoder.n_steps == 4
+    assert sess(app).selected_step() == 3 and app.slider(key="step_sel").value == 3
