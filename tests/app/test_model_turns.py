@@ -85,7 +85,7 @@ def test_every_forward_from_every_page_takes_a_turn(app):
         app.number_input(key="cmp_steps").set_value(4)
         app.button(key="cmp_run").click().run()
         _until_idle(app)
-        for page in ("distributions", "thermodynamics", "attention", "presenter", "report"):
+        for page in ("distributions", "thermodynamics", "attention", "lens", "presenter", "report"):
             app.switch_page(f"app_pages/{page}.py").run()
     finally:
         hook.remove()
