@@ -12,7 +12,7 @@ from semviz.tasks import SweepTask, Turns
 
 
 class StopInSecondBatch(Turns):
-    """Turns that press Stop once the sweep is two positions into its second batch."""
+    """Turns that press Stop once the sweep is halfway through its second batch."""
 
     task: SweepTask
 
@@ -24,7 +24,7 @@ class StopInSecondBatch(Turns):
             class Watch:
                 def let_others(self) -> None:
                     p = outer.task._progress
-                    if p is not None and p.rows_done >= 4 and p.step >= 2:
+                    if p is not None and p.rows_done >= 6:  # 4 rows done, 2 of 4 in flight
                         outer.task.stop()
                     t.let_others()
 
