@@ -28,7 +28,7 @@ True while more remains), and a ``progress`` that says how far it is::
 
 The tasks of semviz: :class:`DecodeTask` (a run: step, run N, play, branch, regenerate,
 reproduce a link, continue a recording, the what-if ghost), :class:`CompareTask`,
-:class:`KVEvalTask`, :class:`SweepTask`, :class:`ReportTask` and :class:`PrefillScanTask`.
+:class:`KVEvalTask`, :class:`FrontierTask`, :class:`ReportTask` and :class:`PrefillScanTask`.
 
 A run's :class:`Recipe` (its base settings, the settings in effect from each step on, and the
 tokens chosen by hand) is what a :class:`DecodeTask` follows to reproduce a run and records
@@ -71,13 +71,13 @@ __all__ = [
     "CompareTask",
     "DecodeTask",
     "Edit",
+    "FrontierTask",
     "KVEvalTask",
     "PrefillScanTask",
     "Progress",
     "Recipe",
     "ReportTask",
     "Stopped",
-    "SweepTask",
     "Task",
     "Turns",
 ]
@@ -551,11 +551,11 @@ class PrefillScanTask(Task):
         return list(self.n), list(self.s)
 
 
-class SweepTask(Task):
-    """A frontier sweep (``semviz.frontier.sweep.run_sweep``): one unit runs the whole sweep,
-    which polls the stop request after every generated position, takes a turn at the model
-    for each batch and lets others go first between two positions. The result is the
-    :class:`~semviz.frontier.sweep.SweepResult`; rows already written stay in the file."""
+class FrontierTask(Task):
+    """A frontier sweep (``semviz.frontier.sweep.run_sweep``, in this process): one unit runs
+    the whole sweep in a turn at the model, letting others go first between two generated
+    positions, where it also polls the stop request. The result is the
+    :class:`~semviz.frontier.sweep.SweepResult`; the finished batches stay in the file."""
 
     label = "Sweep"
 

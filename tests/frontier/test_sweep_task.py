@@ -8,13 +8,13 @@ import contextlib
 from semviz.analysis.compare import parse_side
 from semviz.frontier.sweep import SweepConfig, load_results
 from semviz.model.queue import ForwardQueue
-from semviz.tasks import SweepTask, Turns
+from semviz.tasks import FrontierTask, Turns
 
 
 class StopInSecondBatch(Turns):
     """Turns that press Stop once the sweep is halfway through its second batch."""
 
-    task: SweepTask
+    task: FrontierTask
 
     @contextlib.contextmanager
     def turn(self):
@@ -37,7 +37,7 @@ def test_a_sweep_task_reports_rows_and_stops_keeping_the_finished_batch(peaked_l
         values=(0.7, 1.3), n_prompts=2, seeds=2, new_tokens=4, batch_rows=4,
     )  # fmt: skip
     out = tmp_path / "r.parquet"
-    t = SweepTask(peaked_lm, cfg, out, judge=judge)
+    t = FrontierTask(peaked_lm, cfg, out, judge=judge)
     assert t.progress().total is None  # nothing known before the sweep starts
     seen: list = []
     turns = StopInSecondBatch("page", ForwardQueue(poll=0.01), on_wait=seen.append)
