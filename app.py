@@ -37,6 +37,8 @@ def _warm_imports() -> None:
     for name in HEAVY:
         importlib.import_module(name)
     gc.freeze()
+    # the upload endpoint's own limit, before any page has run (ui.page keeps it current)
+    importlib.import_module("ui.server").apply_upload_limit()
 
 
 if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.enumerate()):

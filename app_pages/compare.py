@@ -12,7 +12,7 @@ from semviz.analysis import compare as cmp
 from semviz.analysis.metrics import METRIC_INFO
 from semviz.decoding.decoder import encode_prompt
 from ui import page, server
-from ui.errors import message
+from ui.errors import report
 
 TICK_SECONDS = 0.4
 TICK_EVERY = 0.5
@@ -20,7 +20,7 @@ TICK_EVERY = 0.5
 ctx = page.context("Compare")
 sess = ctx.sess
 settings = ctx.settings
-job = sess.extra.setdefault("compare", {"running": False})
+job = sess.compare_job
 
 st.caption(
     "A side is a preset (`code`, `story`, `qa`, `brainstorm`), `plain`, or comma-separated "
@@ -57,15 +57,17 @@ def _start() -> None:
                 seed=int(settings.seed), chat=settings.chat,
             )  # fmt: skip
     except Exception as exc:  # shown above the results; nothing else is touched
-        job.update(error=message(exc), running=False)
+        job.update(error=report(exc, "Compare"), running=False)
         return
     job.update(result=res, running=True)
 
 
 def _stop() -> None:
     job["running"] = False
-    if job.get("result") is not None and not job["result"].finished:
-        job["result"].stopped = True
+    res = job.get("result")
+    if res is not None and not res.finished:
+        res.stopped = True
+        res.release()  # the sides' caches go; their tokens stay
 
 
 b1, b2, _ = st.columns([1, 1, 4])
@@ -85,7 +87,7 @@ def results() -> None:
             with server.model_turn() as turn:  # one tick; between tokens others go first
                 cmp.advance(res, seconds=TICK_SECONDS, on_step=lambda *_: turn.let_others())
         except Exception as exc:
-            job.update(error=message(exc), running=False)
+            job.update(error=report(exc, "Compare"), running=False)
         if res.finished:
             job["running"] = False
             res.release()

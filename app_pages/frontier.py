@@ -18,7 +18,7 @@ import streamlit as st
 
 from semviz.frontier import sweep as fr
 from ui import page, server
-from ui.errors import message
+from ui.errors import message, report
 
 POLL_SECONDS = 1.0
 
@@ -155,15 +155,21 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 
 def _worker(lm, cfg: fr.SweepConfig, out: str, state: dict) -> None:
     """Runs in a thread: only plain data goes back through ``state`` (no Streamlit calls)."""
+
+    def progress(p, turn) -> None:
+        state.update(progress=p)
+        turn.let_others()  # between two positions: other sessions go first
+
     try:
-        res = fr.run_sweep(
-            lm, cfg, out, on_progress=lambda p: state.update(progress=p),
-            should_stop=lambda: state.get("stop", False),
-        )  # fmt: skip
+        with server.model_turn() as turn:  # the sweep's forwards take their turns in line
+            res = fr.run_sweep(
+                lm, cfg, out, on_progress=lambda p: progress(p, turn),
+                should_stop=lambda: state.get("stop", False),
+            )  # fmt: skip
         state.update(result=f"{res.new_rows} new rows, {res.skipped_rows} already there"
                      + (" · stopped" if res.stopped else ""))  # fmt: skip
     except Exception as exc:  # shown on the page; the rows written so far stay in the file
-        state["error"] = message(exc)
+        state["error"] = report(exc, "the sweep")
     finally:
         state["running"] = False
 
@@ -185,7 +191,7 @@ def _start() -> None:
         )  # fmt: skip
         out = ss["fr_out"].strip() or fr.DEFAULT_OUT
     except Exception as exc:
-        job["error"] = message(exc)
+        job["error"] = report(exc, "the sweep")
         return
     job.update(running=True, out=out)
     threading.Thread(target=_worker, args=(ctx.lm, cfg, out, job), daemon=True).start()

@@ -7,7 +7,7 @@ import streamlit as st
 from semviz.output import charts, escape, style
 from semviz.output.style import display_token
 from ui import page, runner, views
-from ui.errors import message
+from ui.errors import report
 
 ctx = page.context("Generate", header=False)
 sess = ctx.sess
@@ -42,7 +42,7 @@ def _act(kind: str) -> None:
         elif kind == "play":
             runner.start(sess, s, "play", None)
     except Exception as exc:  # shown by the page header; the session's run is kept
-        sess.error = message(exc)
+        sess.error = report(exc, kind.capitalize())
 
 
 # a horizontal container wraps on a narrow screen instead of stacking one button per row
@@ -83,14 +83,14 @@ def _branch(k: int, token_id: int) -> None:
     try:
         runner.branch_from(sess, page.current_settings(), k, token_id)
     except Exception as exc:
-        sess.error = message(exc)
-    sess.extra["rerun_app"] = True
+        sess.error = report(exc, "Branch")
+    sess.rerun_app = True
 
 
 def _select(i: int) -> None:
     n = len(ctx.steps)
     sess.selected = None if i >= n - 1 else int(i)
-    sess.extra["rerun_app"] = True
+    sess.rerun_app = True
 
 
 def _ghost_work(do: bool) -> bool:
@@ -110,7 +110,7 @@ def _ghost_payload() -> dict | None:
     k = ctx.first_diff
     if k is None:
         return None
-    g = sess.extra.get("ghost")
+    g = sess.ghost
     rest = len(ctx.steps) - k
     if g is not None and g.at == k and g.tokens:
         texts = [s.token_text for s in g.decoder.trace.steps[k:]]
@@ -178,7 +178,7 @@ def _switch(key: str) -> None:
     try:
         runner.switch_branch(sess, int(st.session_state[key]))
     except Exception as exc:
-        sess.error = message(exc)
+        sess.error = report(exc, "switching branches")
 
 
 bs = runner.branches(sess)
@@ -203,14 +203,14 @@ def _rewind(k: int) -> None:
     try:
         runner.rewind(sess, page.current_settings(), k)
     except Exception as exc:
-        sess.error = message(exc)
+        sess.error = report(exc, "Rewind")
 
 
 def _branch_here(k: int, key: str) -> None:
     tid = st.session_state.get(key)
     if tid is not None:
         _branch(k, int(tid))
-        sess.extra.pop("rerun_app", None)
+        sess.rerun_app = False
 
 
 if ctx.steps and runner.job(sess) is None:

@@ -40,7 +40,7 @@ def _try_prompt() -> None:
     from dataclasses import replace
 
     from ui import runner
-    from ui.errors import message
+    from ui.errors import report
     from ui.state import session
 
     sess = session(st.session_state)
@@ -55,13 +55,13 @@ def _try_prompt() -> None:
             runner.stop(sess)
         runner.start(sess, s, "run", int(s.run_n))
     except Exception as exc:  # Generate shows it
-        sess.error = message(exc)
+        sess.error = report(exc, "opening Generate")
     st.session_state["_goto"] = nav.GENERATE
 
 
 def _open_example(name: str) -> None:
     from ui import runner
-    from ui.errors import message
+    from ui.errors import report
     from ui.state import session
 
     sess = session(st.session_state)
@@ -73,7 +73,7 @@ def _open_example(name: str) -> None:
         runner.open_trace(sess, s, tr, name)
         st.session_state["_goto"] = nav.GENERATE
     except Exception as exc:
-        sess.error = message(exc)
+        sess.error = report(exc, "opening the example")
 
 
 c1, c2, c3 = st.columns(3, gap="medium")

@@ -6,6 +6,7 @@ the rows scored so far ("stopped after N of M tokens").
 """
 
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
@@ -15,7 +16,7 @@ from semviz.eviction import POLICIES, KVEval, parse_budgets, teacher_forced_ids
 from semviz.model.forward import kv_bytes_per_token
 from semviz.output import charts
 from ui import page, server
-from ui.errors import message
+from ui.errors import report
 
 TICK_SECONDS = 0.4
 TICK_EVERY = 0.5
@@ -36,7 +37,7 @@ COLUMNS = {  # row key → (column title, number format)
 ctx = page.context("KV cache")
 sess = ctx.sess
 tr = ctx.trace
-job = sess.extra.setdefault("kv_eval", {"running": False})
+job = sess.kv_eval_job
 
 if page.need_trace(ctx):
     ev = tr.settings.get("eviction") if isinstance(tr.settings, dict) else None
@@ -82,14 +83,32 @@ def _start() -> None:
         ids = teacher_forced_ids(ctx.lm, base, int(st.session_state["kve_tokens"]), repeat=True)
         run = KVEval(ctx.lm, ids, ["full", *pols], budgets)
     except Exception as exc:  # one line above the results; the last result is kept
-        job["error"] = message(exc)
+        job["error"] = report(exc, "kv-eval")
         return
     job.update(run=run, running=True, elapsed=0.0)
     sess.kv_eval = None
 
 
+@dataclass(frozen=True)
+class Ended:
+    """What the progress line needs of a kv-eval that finished or stopped. The evaluation
+    itself (the reference's log-probabilities over the whole text, every row's cache) is let
+    go: its rows are in ``sess.kv_eval``."""
+
+    done: int
+    total: int
+    finished: bool
+
+
+def _end(**kw) -> None:
+    run = job.get("run")
+    if isinstance(run, KVEval):
+        job["run"] = Ended(run.done, run.total, run.finished)
+    job.update(running=False, **kw)
+
+
 def _stop() -> None:
-    job.update(running=False, stopped=True)
+    _end(stopped=True)
 
 
 if ctx.lm is None:
@@ -103,7 +122,7 @@ else:
         most = max(16, min(2048, server.config().max_prompt_tokens or 2048))
         c3.number_input("Tokens", 16, most, min(64, most), step=16, key="kve_tokens")
         st.form_submit_button(
-            "Run kv-eval", type="primary", on_click=_start, disabled=job["running"]
+            "Run kv-eval", type="primary", on_click=_start, disabled=job.get("running", False)
         )
     st.caption(
         "Teacher-forced on the current run's text (prompt + generated, repeated to the length): "
@@ -128,12 +147,12 @@ def _tick() -> None:
             turn.let_others()  # between two forwards: other sessions go first
     sess.kv_eval = run.rows()
     if run.finished:
-        job["running"] = False
+        _end()
 
 
-def _status(run: KVEval) -> str:
+def _status(run: KVEval | Ended) -> str:
     done, total = run.done, run.total
-    if job["running"]:
+    if job.get("running", False):
         left = ""
         if done:
             secs = job["elapsed"] / done * (total - done)
@@ -155,22 +174,22 @@ def _table(rows: list[dict]) -> pd.DataFrame:
     return df[list(COLUMNS)].rename(columns={k: v[0] for k, v in COLUMNS.items()})
 
 
-ticking = job["running"]
+ticking = job.get("running", False)
 
 
 @st.fragment(run_every=TICK_EVERY if ticking else None)
 def results() -> None:
-    if job["running"]:
+    if job.get("running", False):
         try:
             _tick()
         except Exception as exc:  # one line; the rows so far stay
-            job.update(error=message(exc), running=False)
-    if ticking and not job["running"]:
+            _end(error=report(exc, "kv-eval"))
+    if ticking and not job.get("running", False):
         st.rerun()  # done or stopped: redraw once, without the timer, the form enabled again
     run = job.get("run")
     if run is not None:
         st.progress(min(run.done / max(run.total, 1), 1.0), text=_status(run))
-        if job["running"]:
+        if job.get("running", False):
             st.button("Stop", key="kve_stop", on_click=_stop)
     rows = sess.kv_eval
     if not rows:

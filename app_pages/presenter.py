@@ -57,16 +57,15 @@ tr = sess.trace
 
 def _frozen_step(n: int) -> int:
     """The step on show: frozen per run, from the URL's ``step`` or the selected step."""
-    if sess.extra.get("presenter_trace") != id(tr):  # a new run: freeze afresh
-        sess.extra.pop("presenter_step", None)
-        sess.extra["presenter_trace"] = id(tr)
-    if "presenter_step" not in sess.extra:
+    if sess.presenter_run != id(tr):  # a new run: freeze afresh
+        sess.presenter_run, sess.presenter_step = id(tr), None
+    if sess.presenter_step is None:
         start = url_count("step", st.query_params.get("step"))
         if start is None:  # not in the link, or not a count
             start = sess.selected_step()
-        sess.extra["presenter_step"] = start
-    i = max(0, min(int(sess.extra["presenter_step"]), n - 1))
-    sess.extra["presenter_step"] = i
+        sess.presenter_step = start
+    i = max(0, min(int(sess.presenter_step), n - 1))
+    sess.presenter_step = i
     st.query_params["step"] = str(i)
     return i
 
@@ -84,13 +83,13 @@ def _whatif():
     if params == dec.params:
         return None
     with guard("the what-if replay"):
-        return whatif.cached(sess.extra, tr, params, model=dec.lm.model, hidden=dec.hidden)
+        return whatif.cached(sess.replay_memo, tr, params, model=dec.lm.model, hidden=dec.hidden)
     return None
 
 
 def _move(d: int) -> None:
     n = len(sess.trace.steps)
-    sess.extra["presenter_step"] = max(0, min(sess.extra["presenter_step"] + d, n - 1))
+    sess.presenter_step = max(0, min(sess.presenter_step + d, n - 1))
 
 
 if tr is None or not tr.steps:

@@ -16,11 +16,12 @@ from semviz.analysis.metrics import METRIC_INFO, run_metrics
 from semviz.output import escape, report
 from semviz.output.trace import Trace, TraceError
 from ui import page, server, views
+from ui.errors import log
 
 ctx = page.context("Report")
 views.page_css()
 sess = ctx.sess
-store = sess.extra.setdefault("report", {})
+store = sess.report_files
 
 source = st.radio(
     "Report on", ["the current run", "a saved trace"], horizontal=True, key="report_source"
@@ -115,6 +116,7 @@ if trace is not None:
                              progress=progress, whatif=wi, lm=lm)  # fmt: skip
                 store["done"] = True
             except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
+                log.error("The report was not finished", exc_info=exc)
                 st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")
             finally:
                 store["pngs"] = len(list(out.glob("png/*.png")))

@@ -23,7 +23,7 @@ compare:
   (certainty), mean gravity (how hard the context pulled), pruning ratio (how much was cut).
 """
 )
-job = ctx.sess.extra.setdefault("compare", {"running": False})
+job = ctx.sess.compare_job
 
 
 def _setup() -> None:

@@ -16,6 +16,7 @@ import streamlit as st
 from semviz.model.load import DEFAULT_MODEL
 from semviz.sampling.presets import PRESETS
 from ui import kv, nav, server, sessions
+from ui.errors import log
 from ui.state import (
     IMPOSED,
     KEY_PREFIX,
@@ -50,7 +51,8 @@ def init_state() -> Settings:
         notes: list[str] = []
         try:
             stored = read_link(st.query_params, notes)
-        except Exception:  # a malformed URL must not stop the app
+        except Exception as exc:  # a malformed URL must not stop the app
+            log.info("A link's settings could not be read: %r", exc)
             stored, notes = Settings(), ["The link's settings could not be read; using defaults."]
         state[NOTES] = notes
     current = server.limit_settings(Settings.from_state(_Layered(state, stored)))

@@ -13,11 +13,8 @@ WAIT_SECONDS = 10.0  # how long a click or a page waits for the step in progress
 
 
 def session_lock(sess: Any) -> threading.RLock:
-    """``sess``'s lock (a ``ui.state.SessionData``), made on first use."""
-    lk = sess.extra.get("_lock")
-    if lk is None:
-        lk = sess.extra.setdefault("_lock", threading.RLock())  # setdefault is atomic
-    return lk
+    """``sess``'s lock (a ``ui.state.SessionData``, which makes it with the session)."""
+    return sess.lock
 
 
 @contextlib.contextmanager

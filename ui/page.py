@@ -16,8 +16,8 @@ import streamlit as st
 from semviz.output import escape
 from semviz.output.style import display_token
 from semviz.sampling import PruneParams
-from ui import nav, runner, whatif
-from ui.errors import guard, message
+from ui import nav, runner, server, whatif
+from ui.errors import guard, report
 from ui.locks import page_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings, session, url_count
@@ -60,7 +60,7 @@ class PageContext:
         lm = self.lm if isinstance(dec, runner.TraceRun) else dec.lm
         with guard("the what-if replay"):
             self.wi = whatif.cached(
-                self.sess.extra, tr, self.params,
+                self.sess.replay_memo, tr, self.params,
                 model=None if lm is None else lm.model, hidden=dec.hidden,
             )  # fmt: skip
 
@@ -130,6 +130,7 @@ def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
     from ui import controls
 
     settings = controls.sidebar()
+    server.apply_upload_limit()  # follows the server's settings file as it changes
     sess = session(st.session_state)
     lm = None
     with guard("loading the model", show=False) as err:
@@ -172,11 +173,12 @@ def open_link(ctx: PageContext) -> None:
     """On a session's first run: a link with ``steps`` regenerates that many steps with the
     link's settings (a job, so the page stays usable), then selects the link's ``step``."""
     sess = ctx.sess
-    if "url_step" in sess.extra:
+    if sess.link.read:
         return
-    sess.extra["url_step"] = url_count("step", st.query_params.get("step"))
+    sess.link.read = True
+    sess.link.step = url_count("step", st.query_params.get("step"))
     want = url_count("steps", st.query_params.get("steps"))
-    sess.extra["url_steps"] = want
+    sess.link.steps = want
     if not want or sess.decoder is not None or ctx.lm is None or ctx.params is None:
         return
     try:
@@ -186,7 +188,7 @@ def open_link(ctx: PageContext) -> None:
             "settings (same seed, same tokens)."
         )
     except Exception as exc:  # shown by the header; nothing to lose yet
-        sess.error = message(exc)
+        sess.error = report(exc, "reproducing the linked run")
 
 
 TICK_EVERY = 0.5  # seconds between job ticks; a Stop click waits at most TICK_SECONDS
@@ -234,7 +236,8 @@ def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True
             _panel_body()
 
     def _panel_body() -> None:
-        if sess.extra.pop("rerun_app", False) and _in_fragment_run():
+        if sess.rerun_app and _in_fragment_run():
+            sess.rerun_app = False
             st.rerun()  # a click inside the strip: every view follows the selected step
         if _in_fragment_run() and not every / 1.5 < tick_every() < every * 1.5:
             # a fragment's pace is set only when the whole page runs: run it again, so that
@@ -280,7 +283,7 @@ def _tick(ctx: PageContext) -> None:
         pass  # another run of this session holds the decoder: try again next tick
     except Exception as exc:  # the task ends; every completed step is kept
         runner.stop(sess)
-        sess.error = message(exc)
+        sess.error = report(exc, "the running task")
 
 
 def _stop_job(sess: SessionData) -> None:
@@ -318,14 +321,14 @@ def share_url(ctx: PageContext) -> None:
     The link's ``step`` is selected once the run has that many steps.
     """
     sess = ctx.sess
-    want = sess.extra.get("url_step")
+    want = sess.link.step
     if want is not None and len(ctx.steps) > want and runner.job(sess) is None:
-        sess.selected, sess.extra["url_step"] = want, None
+        sess.selected, sess.link.step = want, None
         want = None
     n = len(ctx.steps)
-    pending = sess.extra.get("url_steps")
+    pending = sess.link.steps
     if pending is not None and (n >= pending or runner.job(sess) is None):
-        sess.extra["url_steps"] = pending = None
+        sess.link.steps = pending = None
     qp = ctx.settings.to_query_params()
     steps = max(n, pending or 0)
     if steps:
@@ -420,7 +423,7 @@ def _regenerate(sess: SessionData, settings: Settings, k: int) -> None:
     try:
         runner.regenerate_from(sess, settings, k)
     except Exception as exc:  # shown by the header; the run is kept
-        sess.error = message(exc)
+        sess.error = report(exc, "Regenerate")
 
 
 def step_selector(ctx: PageContext, *, key: str = "step_sel") -> int | None:
@@ -428,8 +431,7 @@ def step_selector(ctx: PageContext, *, key: str = "step_sel") -> int | None:
     n = len(ctx.steps)
     if n == 0:
         return None
-    if n == 1:
-        ctx.sess.selected = 0
+    if n == 1:  # nothing to choose; the selection still follows the tokens to come
         return 0
 
     def _moved():

@@ -50,7 +50,7 @@ from semviz.output.style import display_token
 from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
 from ui import kv, server
-from ui.errors import message
+from ui.errors import report
 from ui.locks import WAIT_SECONDS, session_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings
@@ -240,16 +240,15 @@ def rewind(sess: SessionData, settings: Settings, k: int) -> None:
             with server.model_turn():  # with eviction, rewinding re-feeds the kept steps
                 dec.rewind(int(k), settings.prune_params())
         sess.selected = None
-        sess.extra.pop("whatif", None)
+        sess.replay_memo.pop("whatif", None)
 
 
 def _set_root(sess: SessionData, dec: Any, run_key: tuple) -> None:
     sess.decoder, sess.run_key = dec, run_key
     sess.selected = None
-    sess.extra["branches"] = [Branch(dec, None, 0, "the run")]
-    sess.extra["branch"] = 0
-    sess.extra.pop("whatif", None)
-    sess.extra.pop("ghost", None)
+    sess.branches, sess.branch = [Branch(dec, None, 0, "the run")], 0
+    sess.replay_memo.pop("whatif", None)
+    sess.ghost = None
 
 
 def _example_tokens(sess: SessionData, settings: Settings) -> list[int]:
@@ -279,17 +278,16 @@ class Branch:
 
 def branches(sess: SessionData) -> list[Branch]:
     """The session's branches (the first is the run itself); kept in step with ``decoder``."""
-    bs = sess.extra.get("branches")
-    i = sess.extra.get("branch", 0)
+    bs, i = sess.branches, sess.branch
     if not bs or i >= len(bs) or bs[i].decoder is not sess.decoder:
         bs = [Branch(sess.decoder, None, 0, "the run")] if sess.decoder is not None else []
-        sess.extra["branches"], sess.extra["branch"] = bs, 0
+        sess.branches, sess.branch = bs, 0
     return bs
 
 
 def current_branch(sess: SessionData) -> int:
     branches(sess)
-    return int(sess.extra.get("branch", 0))
+    return sess.branch
 
 
 def switch_branch(sess: SessionData, i: int) -> None:
@@ -300,11 +298,11 @@ def switch_branch(sess: SessionData, i: int) -> None:
         bs = branches(sess)
         if not 0 <= i < len(bs):
             raise ValueError(f"There is no branch {i}.")
-        sess.extra["branch"] = i
+        sess.branch = i
         sess.decoder = bs[i].decoder
         sess.selected = bs[i].at if bs[i].at < bs[i].decoder.n_steps else None
-        sess.extra.pop("whatif", None)
-        sess.extra.pop("ghost", None)
+        sess.replay_memo.pop("whatif", None)
+        sess.ghost = None
 
 
 def _add_branch(sess: SessionData, dec: Any, at: int, note: str) -> None:
@@ -316,10 +314,10 @@ def _add_branch(sess: SessionData, dec: Any, at: int, note: str) -> None:
         for b in bs:
             b.parent = None if b.parent is None else max(0, b.parent - 1)
         sess.notice = f"Only the last {MAX_BRANCHES} branches are kept; the oldest was dropped."
-    sess.extra["branch"] = len(bs) - 1
+    sess.branch = len(bs) - 1
     sess.decoder = dec
-    sess.extra.pop("whatif", None)
-    sess.extra.pop("ghost", None)
+    sess.replay_memo.pop("whatif", None)
+    sess.ghost = None
 
 
 def _fork_at(sess: SessionData, settings: Settings, k: int) -> tuple[Any, list[int], bool]:
@@ -336,8 +334,18 @@ def _fork_at(sess: SessionData, settings: Settings, k: int) -> tuple[Any, list[i
         kept = Trace(**{**vars(tr), "steps": tr.steps[:k], "stop_reason": None})
         return TraceRun(kept, "", settings.model_name()), list(tr.token_ids[:k]), True
     dec = cur.fork()
-    dec.rewind(k, settings.prune_params())
+    _rewind_in_turn(dec, k, settings.prune_params())
     return dec, [], False
+
+
+def _rewind_in_turn(dec: Decoder, k: int, params: PruneParams) -> None:
+    """``dec.rewind(k, params)``, in a model turn when that runs the model (back to the
+    prompt: a new prefill); cropping the cache to a later step runs none."""
+    if k > 0 and dec.eviction is None:
+        dec.rewind(k, params)
+        return
+    with server.model_turn():
+        dec.rewind(k, params)
 
 
 def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) -> None:
@@ -377,7 +385,7 @@ def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None
         total = cur.n_steps
         k = max(0, min(int(k), total))
         n = max(1, total - k) if n is None else int(n)
-        g = sess.extra.get("ghost")
+        g = sess.ghost
         if (
             g is not None and g.at == k and g.params == settings.prune_params()
             and g.decoder is not None and not g.forced
@@ -456,17 +464,15 @@ class Job:
 
 
 def job(sess: SessionData) -> Job | None:
-    return sess.extra.get("job")
+    return sess.job
 
 
 def _start(sess: SessionData, j: Job) -> None:
-    sess.extra["job"] = j
-    sess.playing, sess.run_target = True, None
+    sess.job = j
 
 
 def _stop_job(sess: SessionData) -> Job | None:
-    j = sess.extra.pop("job", None)
-    sess.playing, sess.run_target = False, None
+    j, sess.job = sess.job, None
     return j
 
 
@@ -548,7 +554,7 @@ def tick(
                 sess.decoder = dec
             else:
                 _set_root(sess, dec, settings.run_key())
-                sess.extra["job"] = j
+                sess.job = j
             seconds = max(0.0, seconds - (time.perf_counter() - t0))  # and the first token
         if _advance(sess, settings, j, seconds):
             return True
@@ -705,10 +711,10 @@ def ghost(
     afresh when the sliders or the run changed); None when there is nothing to show."""
     dec = sess.decoder
     if at is None or dec is None or at > dec.n_steps:
-        sess.extra.pop("ghost", None)
+        sess.ghost = None
         return None
     key = (id(dec), id(dec.trace), dec.n_steps, at, params)
-    g = sess.extra.get("ghost")
+    g = sess.ghost
     if g is not None and g.key == key:
         return g
     target = min(GHOST_TOKENS, max(1, dec.n_steps - at))
@@ -718,15 +724,15 @@ def ghost(
     else:
         with exclusive(sess):
             f = dec.fork()
-            f.rewind(at, params)
+            _rewind_in_turn(f, at, params)
         g = Ghost(at, params, key, f, target)
-    sess.extra["ghost"] = g
+    sess.ghost = g
     return g
 
 
 def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
     """Decode more of the ghost continuation; True once it is complete."""
-    g = sess.extra.get("ghost")
+    g = sess.ghost
     if g is None or g.complete:
         return True
     with exclusive(sess):
@@ -734,7 +740,7 @@ def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
         try:
             _ghost_steps(g, t0, seconds)
         except Exception as exc:  # the ghost says why; the run itself is not touched
-            g.error = message(exc)
+            g.error = report(exc, "the what-if continuation")
     return g.complete
 
 

@@ -8,7 +8,8 @@ whose keys are the variables' names in lower case without ``SEMVIZ_``; a variabl
 - ``SEMVIZ_MODELS``: the models sessions may choose, comma-separated (``default`` is the
   offline default). Shared mode without it runs one model: ``SEMVIZ_MODEL``, else the default.
 - ``SEMVIZ_MAX_STEPS``: tokens one run may generate; ``SEMVIZ_MAX_PROMPT_TOKENS``: tokens a
-  prompt may have (chat template included); ``SEMVIZ_MAX_UPLOAD_MB``: size of an uploaded trace.
+  prompt may have (chat template included); ``SEMVIZ_MAX_UPLOAD_MB``: size of an uploaded trace
+  (Streamlit's own upload limit follows it, :func:`apply_upload_limit`).
 - ``SEMVIZ_IDLE_MINUTES``: a session that has done nothing for this long loses its run (its
   settings stay); ``SEMVIZ_CLOSED_SECONDS``: the same for a closed tab (see ``ui.sessions``).
 - ``SEMVIZ_BATCH_SESSIONS=1``: sessions decoding at the same moment share forwards, as rows of
@@ -202,6 +203,26 @@ def config() -> ServerConfig:
 
 
 # -- limits --------------------------------------------------------------------------------------
+
+
+def upload_limit_mb() -> int:
+    """The largest upload this server takes, in MiB: the largest trace it parses."""
+    return max(1, -(-config().trace_bytes() // files.MiB))
+
+
+def apply_upload_limit() -> None:
+    """Set Streamlit's own upload limit (``server.maxUploadSize``, which its upload endpoint
+    reads on every request) to :func:`upload_limit_mb`: a larger file sent straight to the
+    endpoint is refused before it is read into memory, not only by the page's uploader. A
+    server setting that cannot be read leaves it as it is (every page says why)."""
+    from streamlit import config as st_config
+
+    try:
+        mb = upload_limit_mb()
+    except ConfigError:
+        return
+    if st_config.get_option("server.maxUploadSize") != mb:
+        st_config.set_option("server.maxUploadSize", mb)
 
 
 def limit_settings(

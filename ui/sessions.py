@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import threading
 import time
@@ -79,16 +80,25 @@ def busy(session_id: str) -> Iterator[None]:
             entry.last_active = time.monotonic()
 
 
+KEPT = ("lock", "link", "notice")  # what a dropped run leaves of a session (settings aside)
+UNSEEN = ("selected", "error")  # reset too, but not worth a notice
+
+
 def drop_run(sess: Any, why: str) -> bool:
-    """Free what the session's run holds; keep its settings. True if there was anything."""
-    kept = [k for k in sess.extra if str(k).startswith(("_", "url_"))]  # locks, link state
-    had = any(
-        v is not None for v in (sess.decoder, sess.whatif, sess.kv_eval, sess.prefill_scan)
-    ) or len(kept) < len(sess.extra)
-    sess.decoder = sess.run_key = sess.whatif = sess.kv_eval = sess.prefill_scan = None
-    sess.selected, sess.playing, sess.run_target, sess.error = None, False, None, None
-    for key in [k for k in sess.extra if k not in kept]:
-        del sess.extra[key]
+    """Free what the session's run and pages hold (a ``ui.state.SessionData``); keep its
+    settings, its lock and what its link asked for. True if there was anything."""
+    fresh = type(sess)()
+    had = False
+    for f in dataclasses.fields(sess):
+        if f.name in KEPT:
+            continue
+        old, new = getattr(sess, f.name), getattr(fresh, f.name)
+        had = had or (f.name not in UNSEEN and old != new)
+        if isinstance(old, dict):  # a page's fragment may still hold it: reset it in place
+            old.clear()
+            old.update(new)
+        else:
+            setattr(sess, f.name, new)
     if had:
         sess.notice = why
     return had

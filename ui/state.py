@@ -11,13 +11,14 @@ on every rerun, so its values survive page switches. ``Settings.to_query_params`
 ``from_query_params`` give a shareable URL (out-of-range numbers are clamped to the widget's
 range, with a note); ``Settings.prune_params`` builds the frozen core parameters.
 
-``SessionData`` holds what one browser session owns: its decoder, the selected step, play
-state, the last error and cached what-if results. The model itself is shared (see
-``ui.model``).
+``SessionData`` holds what one browser session owns, one typed field each: its run (decoder,
+branches, long task, ghost), the selected step, its messages, what its link asked for, the
+pages' caches and results. The model itself is shared (see ``ui.model``).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
@@ -206,20 +207,46 @@ widget (``PARAM_FIELDS``)."""
 
 
 @dataclass
-class SessionData:
-    """What one browser session owns. Lives at ``st.session_state["semviz"]``."""
+class Link:
+    """What the link that opened the session asked for, until the run has it."""
 
-    decoder: Any = None  # semviz.decoding.decoder.Decoder
-    run_key: tuple | None = None
+    read: bool = False  # the session's first page run has read the link
+    step: int | None = None  # the step to select once the run has that many
+    steps: int | None = None  # the run's length while it is being reproduced
+
+
+@dataclass
+class SessionData:
+    """What one browser session owns. Lives at ``st.session_state["semviz"]``.
+
+    The run (``decoder``, ``branches``, ``job``, ``ghost``) changes only through
+    ``ui.runner``; the pages' own results and caches have a field each.
+    """
+
+    # the run
+    decoder: Any = None  # a semviz Decoder, or a ui.runner.TraceRun (a recording)
+    run_key: tuple | None = None  # Settings.run_key() the decoder was built for
+    branches: list = field(default_factory=list)  # ui.runner.Branch, the run itself first
+    branch: int = 0  # the branch on show
+    job: Any = None  # ui.runner.Job: the long task running now
+    ghost: Any = None  # ui.runner.Ghost: the what-if continuation
+    # what the user sees of it
     selected: int | None = None  # selected step index (None: the latest)
-    playing: bool = False
-    run_target: int | None = None  # stop playing when the trace reaches this many steps
     error: str | None = None  # last user-facing error, shown until the next success
-    notice: str | None = None
-    whatif: Any = None  # ui.whatif.WhatIf cache
-    kv_eval: Any = None  # last kv-eval result
-    prefill_scan: Any = None  # measured prefill time vs prompt length
-    extra: dict = field(default_factory=dict)
+    notice: str | None = None  # shown once
+    link: Link = field(default_factory=Link)
+    rerun_app: bool = False  # a click inside the token strip: the whole page follows it
+    replay_memo: dict = field(default_factory=dict)  # semviz.analysis.replay.cached's store
+    strip_cards: dict[int, dict] = field(default_factory=dict)  # hover cards by step
+    presenter_run: int | None = None  # id() of the trace the presenter's step is for
+    presenter_step: int | None = None
+    # the pages' own work
+    kv_eval: list[dict] | None = None  # kv-eval's rows
+    kv_eval_job: dict = field(default_factory=lambda: {"running": False})
+    compare_job: dict = field(default_factory=lambda: {"running": False})  # Compare, A/B tour
+    report_files: dict = field(default_factory=dict)  # Report: the loaded trace, the bundle
+    prefill_scan: tuple[list[int], list[float]] | None = None  # prompt lengths, seconds
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # ui.locks
 
     @property
     def trace(self):

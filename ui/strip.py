@@ -372,7 +372,7 @@ def payload(
     stages = list(steps[0].stage_probs) if steps else []
     first = ctx.first_diff
     whatif = first is not None
-    cards = _cards(ctx.sess.extra, start, n)
+    cards = _cards(ctx.sess.strip_cards, start, n)
     for i in range(start, n):
         s = steps[i]
         v = s.entropy / hmax if color_by == "entropy" else value(s.chosen_prob)
@@ -410,11 +410,10 @@ def payload(
     }
 
 
-def _cards(store: dict, start: int, n: int) -> dict:
-    """The session's hover cards by step, kept between draws: a run that plays on redraws
-    its strip every tick, and a card changes only with its step's record or what-if result.
-    Steps outside ``start:n`` are dropped."""
-    cards = store.setdefault("strip_cards", {})
+def _cards(cards: dict, start: int, n: int) -> dict:
+    """The session's hover cards by step (``SessionData.strip_cards``), kept between draws: a
+    run that plays on redraws its strip every tick, and a card changes only with its step's
+    record or what-if result. Steps outside ``start:n`` are dropped."""
     if len(cards) > n - start:
         for i in [i for i in cards if not start <= i < n]:
             del cards[i]

@@ -34,7 +34,7 @@ def token_strip(
 
     def _select(i: int) -> None:
         n = len(ctx.steps)
-        ctx.sess.selected = None if i >= n - 1 and not ctx.sess.playing else int(i)
+        ctx.sess.selected = None if i >= n - 1 and ctx.sess.job is None else int(i)
 
     strip.draw(
         ctx, color_by, ghost=ghost, on_select=on_select or _select, on_branch=on_branch, key=key

@@ -1,7 +1,7 @@
 """What-if for the pages: the recorded steps re-pruned with the current sliders.
 
 All the work is ``semviz.analysis.replay`` (the one replay the CLI and reports use too); this module
-only names what the pages call. ``cached`` memoises on the session's dict, so a rerun with
+only names what the pages call. ``cached`` memoises in ``SessionData.replay_memo``, so a rerun with
 unchanged sliders costs nothing.
 """
 

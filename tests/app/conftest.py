@@ -33,10 +33,10 @@ def run_steps(at, n: int):
     at.run()
     at.button(key="btn_run").click().run()
     for _ in range(4 * n + 10):
-        if not at.session_state["semviz"].playing:
+        if at.session_state["semviz"].job is None:
             break
         at.run()
-    assert not at.session_state["semviz"].playing
+    assert at.session_state["semviz"].job is None
     at.run()  # the job may have ended between two runs (it decodes between them too)
     return at
 

@@ -31,7 +31,7 @@ def finish_job(at, limit: int = 200) -> None:
     decodes between the page's runs, so it can end after the last one, which the next run
     shows (in a browser, the next tick)."""
     for _ in range(limit):
-        if not sess(at).playing:
+        if sess(at).job is None:
             at.run()
             return
         at.run()
@@ -104,7 +104,7 @@ def test_example_opens_with_no_model_run(home, monkeypatch):
     home.session_state["s_temperature"] = 0.2
     home.run()
     assert not home.exception
-    assert sess(home).extra["whatif"].n == len(recorded.steps)
+    assert sess(home).replay_memo["whatif"].n == len(recorded.steps)
 
 
 def test_stepping_on_from_an_example_refeeds_it_first(home):
@@ -151,7 +151,7 @@ def test_regenerate_from_the_first_changed_step_is_a_new_branch(app):
     old = list(sess(at).decoder.trace.token_ids)
     at.session_state["s_temperature"] = 0.0
     at.run()
-    wi = sess(at).extra["whatif"]
+    wi = sess(at).replay_memo["whatif"]
     if wi.first_diff is None:
         pytest.skip("greedy picks the sampled tokens on this model")
     k = wi.first_diff
@@ -169,9 +169,9 @@ def test_stop_keeps_what_was_made_and_says_stopped(app):
     at.run()
     at.button(key="btn_run").click().run()  # one tick
     made = sess(at).decoder.n_steps
-    assert sess(at).playing and 1 <= made < 400
+    assert sess(at).job is not None and 1 <= made < 400
     at.button(key="job_stop").click().run()
-    assert not sess(at).playing
+    assert sess(at).job is None
     kept = sess(at).decoder.n_steps  # the job also decodes between the page's runs
     assert made <= kept < 400
     assert f"Run 400: stopped after {kept} tokens; they are kept." in [i.value for i in at.info]
@@ -314,11 +314,11 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
     s = sess(at)
     n = s.decoder.n_steps
     at.slider(key="s_temperature").set_value(0.0).run()
-    wi = s.extra["whatif"]
+    wi = s.replay_memo["whatif"]
     if wi.first_diff is None:
         pytest.skip("greedy picks the sampled tokens here")
     k = wi.first_diff
-    g = s.extra["ghost"]
+    g = s.ghost
     assert g.at == k
     if source == "example":  # no model yet: a fresh decoder re-feeds the k recorded tokens
         assert g.decoder is None and g.forced == s.decoder.trace.token_ids[:k]
@@ -344,3 +344,17 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
     finish_job(at)
     assert sess(at).decoder.n_steps == n
     assert sess(at).decoder.trace.token_ids[k : k + len(ghost)] == ghost
+
+
+def test_step_then_run_follows_the_new_tokens(app):
+    """The first step alone is the latest step, not a selection: the tokens that follow it
+    are shown as they come, as after any other step."""
+    app.button(key="btn_step").click().run()
+    finish_job(app)
+    assert sess(app).decoder.n_steps == 1 and sess(app).selected is None
+    app.session_state["s_run_n"] = 3
+    app.run()
+    app.button(key="btn_run").click().run()
+    finish_job(app)
+    assert sess(app).decoder.n_steps == 4
+    assert sess(app).selected_step() == 3 and app.slider(key="step_sel").value == 3

@@ -113,7 +113,7 @@ def test_whatif_marks_first_changed_step_and_regenerates(generated):
     at = generated
     at.session_state["s_temperature"] = 0.0  # greedy: some choice changes on a random model
     at.run()
-    wi = at.session_state["semviz"].extra["whatif"]
+    wi = at.session_state["semviz"].replay_memo["whatif"]
     if wi.first_diff is None:
         pytest.skip("greedy picks the sampled tokens on this model")
     assert any("What-if" in w.value for w in at.warning)
@@ -193,7 +193,7 @@ def test_sliders_that_would_remove_every_token(generated):
     at.run()
     from ui.views import filters_disjoint
 
-    wi = at.session_state["semviz"].extra["whatif"]
+    wi = at.session_state["semviz"].replay_memo["whatif"]
     empty = [i for i, r in enumerate(wi.results) if filters_disjoint(r)]
     assert empty, "no step with an empty intersection"
     at.session_state["semviz"].selected = empty[0]
@@ -245,7 +245,7 @@ def test_kv_policy_run_and_kv_eval(app):
     app.multiselect(key="kve_policies").set_value(["window", "h2o"])
     app.text_input(key="kve_budgets").input("8, 16")
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
-    job = app.session_state["semviz"].extra["kv_eval"]
+    job = app.session_state["semviz"].kv_eval_job
     for _ in range(100):  # each run is one tick of the fragment
         if not job["running"]:
             break
@@ -299,7 +299,7 @@ def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
     app.switch_page("app_pages/compare.py").run()
     app.number_input(key="cmp_steps").set_value(6)
     app.button(key="cmp_run").click().run()
-    job = app.session_state["semviz"].extra["compare"]
+    job = app.session_state["semviz"].compare_job
     for _ in range(100):  # each tick of the fragment decodes for a moment
         if not job["running"]:
             break
@@ -319,3 +319,20 @@ def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
     said = [c.value for c in app.caption if "first divergence" in c.value]
     assert said[0].startswith(f"{a}: 6 of 6 tokens · {b}: 4 of 6 tokens (eos) · done"), said
     assert [p.proto.value for p in app.get("progress")] == [100]
+
+
+def test_compare_stopped_keeps_its_tokens_and_lets_the_caches_go(app):
+    app.session_state["s_chat"] = False
+    app.switch_page("app_pages/compare.py").run()
+    app.number_input(key="cmp_steps").set_value(200)
+    app.button(key="cmp_run").click().run()
+    app.run()  # one tick decodes a few tokens a side
+    job = app.session_state["semviz"].compare_job
+    app.button(key="cmp_stop").click().run()
+    assert not app.exception, app.exception
+    res = job["result"]
+    made = [len(t.steps) for t in res.traces]
+    assert not job["running"] and res.stopped and res.decoders == []
+    assert 0 < min(made) and max(made) < 200
+    said = [c.value for c in app.caption if "first divergence" in c.value]
+    assert " · stopped · " in said[0], said

@@ -233,7 +233,7 @@ def test_shared_report_has_no_path_box_and_reads_no_path(monkeypatch, tiny_dir, 
     assert not at.exception and not at.error
     assert "report_path" not in [w.key for w in at.text_input]
     assert "This server takes traces by upload only." in [c.value for c in at.caption]
-    assert "loaded" not in at.session_state["semviz"].extra["report"]
+    assert "loaded" not in at.session_state["semviz"].report_files
 
 
 def test_single_user_report_still_reads_a_path(monkeypatch, tiny_dir, tmp_path):
@@ -282,6 +282,32 @@ def test_an_upload_over_the_limit_is_refused_before_parsing(monkeypatch):
     monkeypatch.delenv("SEMVIZ_SHARED")
     monkeypatch.delenv("SEMVIZ_MAX_UPLOAD_MB")
     assert server.config().trace_bytes() == MAX_BYTES  # one person's machine: the trace's own
+
+
+def test_streamlits_own_upload_limit_follows_the_servers(monkeypatch):
+    """The upload endpoint checks ``server.maxUploadSize`` on every request: a file sent
+    straight to it, past the page's uploader, meets the same limit."""
+    from streamlit import config as st_config
+
+    from semviz.output.trace import MAX_BYTES
+
+    before = st_config.get_option("server.maxUploadSize")
+    try:
+        monkeypatch.setenv("SEMVIZ_SHARED", "1")
+        monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "2")
+        server.apply_upload_limit()
+        assert st_config.get_option("server.maxUploadSize") == 2
+        monkeypatch.delenv("SEMVIZ_MAX_UPLOAD_MB")
+        server.apply_upload_limit()  # shared mode's default
+        assert st_config.get_option("server.maxUploadSize") == 50
+        monkeypatch.delenv("SEMVIZ_SHARED")
+        server.apply_upload_limit()  # one person's machine: the largest trace it parses
+        assert st_config.get_option("server.maxUploadSize") == MAX_BYTES // 2**20
+        monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "lots")
+        server.apply_upload_limit()  # a bad setting: left as it was; every page says why
+        assert st_config.get_option("server.maxUploadSize") == MAX_BYTES // 2**20
+    finally:
+        st_config.set_option("server.maxUploadSize", before)
 
 
 def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
@@ -360,7 +386,7 @@ def test_an_idle_session_loses_its_run_but_keeps_its_settings(monkeypatch, tiny_
     sessions.sweep(now=time.monotonic() + 30)  # not idle long enough yet
     assert sess.decoder is not None
     assert sessions.sweep(now=time.monotonic() + 61).idle >= 1
-    assert sess.decoder is None and sess.whatif is None
+    assert sess.decoder is None and sess.replay_memo == {}
     at.run()
     assert not at.exception
     assert any("closed after 1 idle minutes" in i.value for i in at.info)
@@ -399,6 +425,27 @@ def test_dropping_a_run_frees_its_memory(tiny_lm):
     gc.collect()
     assert ref() is None and sess.notice == "gone" and sess.decoder is None
     assert not sessions.drop_run(sess, "again")  # nothing left to drop: no second notice
+
+
+def test_a_closed_kv_eval_tab_lets_its_evaluation_go(tiny_lm):
+    """The page's fragment closure keeps the job's dict after the run is dropped: the
+    evaluation it holds must go all the same."""
+    import gc
+    import weakref
+
+    from semviz.eviction import KVEval
+    from ui.state import SessionData
+
+    sess = SessionData()
+    run = KVEval(tiny_lm, list(range(5, 37)), ["full", "window"], (8,))
+    run.step()
+    job = sess.kv_eval_job  # the page's fragment holds it too
+    job.update(running=True, run=run)
+    ref = weakref.ref(run)
+    del run
+    assert sessions.drop_run(sess, "gone")
+    gc.collect()
+    assert ref() is None and job == {"running": False} and sess.kv_eval_job is job
 
 
 def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(

@@ -30,7 +30,7 @@ class Ctx(SimpleNamespace):
 
 def ctx_of(dec, store: dict, wi=None) -> Ctx:
     first = None if wi is None else wi.first_diff
-    sess = SimpleNamespace(extra=store, selected=None)
+    sess = SimpleNamespace(strip_cards=store, selected=None)
     return Ctx(dec=dec, sess=sess, wi=wi, first_diff=first, selected=None)
 
 
@@ -58,7 +58,7 @@ def test_cards_kept_between_draws_equal_cards_made_afresh(tiny_lm):
     dec.rewind(3)
     dec.run(2)  # cut back and grown again: steps 3 and 4 are new records
     again = strip.payload(ctx_of(dec, store))
-    assert again == strip.payload(ctx_of(dec, {})) and len(store["strip_cards"]) == 5
+    assert again == strip.payload(ctx_of(dec, {})) and len(store) == 5
 
 
 def test_the_prompt_shows_the_chat_templates_markers_as_tokens(tiny_lm):

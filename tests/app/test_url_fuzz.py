@@ -195,7 +195,7 @@ def test_a_linked_run_keeps_its_notes_on_screen_until_it_has_ended(tiny_dir):
     with server_env(tiny_dir, shared=False):
         at = open_link(nav.GENERATE, query)
         runs_while_playing = 0
-        while at.session_state["semviz"].playing:
+        while at.session_state["semviz"].job is not None:
             assert "chat=" in " ".join(link_notes(at))
             runs_while_playing += 1
             at.run()

@@ -91,4 +91,4 @@ def test_the_top_level_holds_stages_not_modules():
     stages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     stages |= {p.stem for p in ROOT.glob("*.py")} - {"__init__", "__main__"}
     assert stages == {"analysis", "cli", "decoding", "eviction", "frontier", "gravity", "model",
-                      "output", "processors", "sampling"}  # fmt: skip
+                      "output", "processors", "sampling", "tasks"}  # fmt: skip

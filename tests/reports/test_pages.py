@@ -89,7 +89,7 @@ def test_copied_link_reproduces_tokens_and_views(new_app):
     sb = b.session_state["settings"]
     assert (sb.temperature, sb.top_k, sb.seed, sb.prompt) == (0.6, 30, 7, "A quiet harbour")
     for _ in range(40):  # the link's ``steps`` regenerates the run by itself
-        if not b.session_state["semviz"].playing:
+        if b.session_state["semviz"].job is None:
             break
         b.run()
     assert b.session_state["semviz"].decoder.trace.token_ids == tokens_a
@@ -114,7 +114,7 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     at.button(key="report_build").click().run()
     no_errors(at)
     assert set(tmp.glob("semviz-report-*")) == before  # the page keeps the zip, not the folder
-    store = at.session_state["semviz"].extra["report"]
+    store = at.session_state["semviz"].report_files
     assert store["done"]
     with zipfile.ZipFile(io.BytesIO(store["zip"])) as z:
         names = set(z.namelist())
@@ -144,7 +144,7 @@ def test_compare_page_runs_and_stops(new_app):
     at.switch_page("app_pages/compare.py").run()
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
-    job = at.session_state["semviz"].extra["compare"]
+    job = at.session_state["semviz"].compare_job
     for _ in range(40):
         if not job["running"]:
             break
@@ -156,9 +156,9 @@ def test_compare_page_runs_and_stops(new_app):
     # a long run stopped after the first tick keeps its tokens
     at.number_input(key="cmp_steps").set_value(200).run()
     at.button(key="cmp_run").click().run()
-    made = at.session_state["semviz"].extra["compare"]["result"].steps
+    made = at.session_state["semviz"].compare_job["result"].steps
     at.button(key="cmp_stop").click().run()
-    job = at.session_state["semviz"].extra["compare"]
+    job = at.session_state["semviz"].compare_job
     assert not job["running"] and 1 <= job["result"].steps == made < 200
     # a bad side is one message, nothing else breaks
     at.text_input(key="cmp_b").input("top_pp=0.9").run()
