@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
                 "recorded_token": rec.token_text,
                 "token": _text(trace, rec, new_id),
                 "changed": new_id != rec.token_id,
+                **({"approximate": True, "why": r.why[i]} if r.approximate[i] else {}),
                 "n_kept": res.n_kept,
                 "recorded_n_kept": rec.n_kept,
                 "entropy_sampled": res.entropy_sampled,
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         "trace": args.trace,
         "steps": len(rows),
         "first_divergence": r.first_diff,
+        "approximate_steps": r.n_approximate,
         "replay_seconds": seconds,
         "note": r.note,
         "params": params.to_dict(),
@@ -89,15 +91,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'step':>4}  {'recorded':>14}  {'replayed':>14}  {'kept':>6}  {'H_sampled':>9}  T")
     for row in rows:
-        mark = "*" if row["changed"] else " "
+        mark = ("*" if row["changed"] else " ") + ("~" if row.get("approximate") else " ")
         print(
-            f"{row['step']:4d}{mark} {row['recorded_token']!r:>14}  {row['token']!r:>14}  "
+            f"{row['step']:4d}{mark}{row['recorded_token']!r:>14}  {row['token']!r:>14}  "
             f"{row['n_kept']:6d}  {max(row['entropy_sampled'], 0.0):9.3f}  {row['temperature']:.2f}"
         )
     fd = r.first_diff
     print(
         f"first divergence: {'none' if fd is None else f'step {fd}'}; "
         f"{len(rows)} steps replayed in {seconds * 1e3:.1f} ms"
+        + (
+            f"; {r.n_approximate} approximate (~): their pick depends on tokens the trace "
+            "does not record"
+            if r.n_approximate
+            else ""
+        )
         + (f"; note: {r.note}" if r.note else "")
     )
     return 0

@@ -24,6 +24,7 @@ from semviz.model.capture import LensCapture, enable_capture
 from semviz.model.forward import Forward, cache_nbytes, forward
 from semviz.model.load import LoadedModel
 from semviz.output.trace import ATTENTION_METRICS, StepRecord, Trace
+from semviz.sampling.tail import summarize as summarize_tail
 
 RECORD_K = 1024
 
@@ -504,6 +505,14 @@ class Decoder:
         must = torch.cat([kept, torch.tensor([token])])  # the chosen token is always recorded
         cand, tail_lse = top_candidates(logits, self.settings.record_k, include=must)  # (K',)
         lse = torch.logsumexp(logits, 0)
+        outside = torch.ones(logits.numel(), dtype=torch.bool)
+        outside[cand] = False
+        # the unrecorded tail, summarised so that replay can bound it at any temperature;
+        # full-mode gravity moves it too, so its range of G per bin comes along
+        g_tail = (
+            gravity[outside] if gravity is not None and self.params.gravity_mode == "full" else None
+        )
+        tail = summarize_tail(logits[outside], g_tail)
         hit = (cand == token).nonzero()
         stage_probs = {
             name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()
@@ -543,6 +552,7 @@ class Decoder:
             t_semviz=0.0,
             gravity=None if gravity is None else gravity[cand].float().cpu(),
             final_tail_mass=max(0.0, 1.0 - float(final[cand].double().sum())),
+            tail=tail,
             fallback=result.fallback,
             eviction=self._pending_eviction,
             **_lens_fields(fw.lens),

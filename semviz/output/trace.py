@@ -36,8 +36,10 @@ import torch
 from semviz.output import files
 
 FORMAT = "semviz-trace"
-FORMAT_VERSION = 2  # 2: the lens fields (residual, residual_last, head_out, attn_metrics)
-READ_VERSIONS = (1, 2)  # a version 1 trace is a version 2 trace without the lens fields
+# 2: the lens fields (residual, residual_last, head_out, attn_metrics); 3: each step's tail
+# summary (tail) and the bytes of tokens that are pieces of a character (token_hex, prompt_hex)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)  # older traces lack the later fields, which are optional
 LENS_FIELDS = ("residual", "residual_last", "head_out", "attn_metrics")
 # per head of each layer (semviz.model.capture.attention_metrics): attention entropy and
 # varentropy (nats, nats²), head agreement and interaction strength, as entropix defines them
@@ -391,6 +393,54 @@ def _check_eviction(ev: Any, where: str) -> None:
         _tensor(sc, f"{where}.scores", (torch.float16, torch.float32), shape)
 
 
+_TAIL_KEYS = {"top", "bottom", "width", "dead", "counts", "lse"}
+
+
+def _check_tail(t: Any, where: str, outside: int | None) -> None:
+    """The tail summary: bins of a positive width from ``top`` down to ``bottom``, their
+    counts (with the ``-inf`` tokens in ``dead``, as many as the candidates leave) and
+    logsumexps, each within its bin's edges; optionally each bin's range of ``G``."""
+    from semviz.sampling.tail import MAX_BINS
+    from semviz.sampling.tail import edges as tail_edges
+
+    _obj(t, where)
+    keys = set(t)
+    if not _TAIL_KEYS <= keys <= _TAIL_KEYS | {"g_lo", "g_hi"}:
+        raise _bad(where, "a tail summary has the keys top, bottom, width, dead, counts, lse "
+                          "(and g_lo, g_hi)")  # fmt: skip
+    _float(t["width"], f"{where}.width", 1e-6, 1e3)
+    top, bottom = _float(t["top"], f"{where}.top"), _float(t["bottom"], f"{where}.bottom")
+    if bottom > top:
+        raise _bad(f"{where}.bottom", f"{bottom:g} is above the top {top:g}")
+    counts = _tensor(t["counts"], f"{where}.counts", torch.int32, (None,))
+    n_bins = counts.numel()
+    if n_bins > MAX_BINS:
+        raise _bad(f"{where}.counts", f"has {n_bins} bins, more than {MAX_BINS}")
+    _in_range(counts, f"{where}.counts", 0, ID_LIMIT - 1, "counts")
+    dead = _int(t["dead"], f"{where}.dead", 0)
+    total = int(counts.long().sum()) + dead
+    if outside is not None and total != outside:
+        raise _bad(f"{where}.counts", f"count {total:,} tokens, but {outside:,} lie outside the "
+                                      "candidates")  # fmt: skip
+    lse = _tensor(t["lse"], f"{where}.lse", torch.float32, (n_bins,))
+    if bool(torch.isnan(lse).any()) or bool((lse == math.inf).any()):
+        raise _bad(f"{where}.lse", "holds NaN or +inf")
+    if bool(((counts > 0) != torch.isfinite(lse)).any()):
+        raise _bad(f"{where}.lse", "must be finite exactly where a bin holds tokens")
+    lower, upper = tail_edges(t)
+    m = lse.double() - torch.log(counts.double().clamp(min=1))  # log of the bin's mean e^x
+    slack = 1e-3 * (1 + m.abs())
+    if bool((((m < lower - slack) | (m > upper + slack)) & (counts > 0)).any()):
+        raise _bad(f"{where}.lse", "a bin's mean lies outside its edges")
+    if "g_lo" in t or "g_hi" in t:
+        g_lo = _tensor(t.get("g_lo"), f"{where}.g_lo", torch.float32, (n_bins,))
+        g_hi = _tensor(t.get("g_hi"), f"{where}.g_hi", torch.float32, (n_bins,))
+        if not bool(torch.isfinite(g_lo).all() and torch.isfinite(g_hi).all()):
+            raise _bad(f"{where}.g_lo", "holds NaN or inf")
+        if bool((g_lo > g_hi).any()):
+            raise _bad(f"{where}.g_lo", "is above g_hi")
+
+
 def _any_shape(v: Any) -> tuple:
     return (None,) * v.dim() if isinstance(v, torch.Tensor) else ()
 
@@ -458,6 +508,8 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     if rec.eviction is not None:
         _check_eviction(rec.eviction, f"{w}.eviction")
     _check_lens(rec, w, ctx)
+    if rec.tail is not None:
+        _check_tail(rec.tail, f"{w}.tail", ctx.vocab - k if ctx.vocab < ID_LIMIT else None)
     _obj(rec.extra, f"{w}.extra")
 
 
@@ -530,6 +582,7 @@ class StepRecord:
     t_semviz: float  # seconds in semviz's own work for this step
     gravity: torch.Tensor | None = None  # (K,) float32 normalised G over the candidates
     final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
+    tail: dict | None = None  # the logits outside cand_ids, binned (semviz.sampling.tail)
     fallback: str | None = None
     eviction: dict | None = None
     # the lens (semviz.analysis.lens), at the position that chose this token:

@@ -157,3 +157,26 @@ def test_a_prompt_that_is_not_utf8_is_refused(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr == "semviz trace: argument --prompt: is not valid UTF-8 text\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.sampling import PruneParams
+
+    # 16 candidates of a near-flat tiny model: a hot replay's draws land in the tail
+    dec = Decoder(tiny_lm, "Hello there", PruneParams(temperature=0.8),
+                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False))  # fmt: skip
+    dec.run(8)
+    path = tmp_path / "t.json"
+    dec.trace.save(path)
+    assert main(["replay", str(path), "--temperature", "0.8", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["approximate_steps"] == 0 and not any("approximate" in r for r in same["rows"])
+    assert main(["replay", str(path), "--temperature", "2.0", "--json"]) == 0
+    hot = json.loads(capsys.readouterr().out)
+    marked = [r for r in hot["rows"] if r.get("approximate")]
+    assert hot["approximate_steps"] == len(marked) > 0
+    assert all(r["why"].startswith("the ") for r in marked)
+    assert main(["replay", str(path), "--temperature", "2.0"]) == 0
+    text = capsys.readouterr().out
+    assert f"{len(marked)} approximate (~)" in text
