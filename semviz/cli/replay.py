@@ -12,6 +12,7 @@ import argparse
 import time
 
 from semviz.cli import common
+from semviz.output import style
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "step": i,
-                "recorded_token": rec.token_text,
+                "recorded_token": _text(trace, rec, rec.token_id),
                 "token": _text(trace, rec, new_id),
                 "changed": new_id != rec.token_id,
                 **({"approximate": True, "why": r.why[i]} if r.approximate[i] else {}),
@@ -124,17 +125,20 @@ def _check_same_model(trace, summary: dict) -> None:
 
 def _text(trace, rec, token_id: int) -> str:
     """Token text from the trace itself (recorded steps), else the model-free id."""
-    if token_id == rec.token_id:
-        return rec.token_text
-    for s in trace.steps:
-        if s.token_id == token_id:
-            return s.token_text
+    for s in [rec, *trace.steps]:
+        if s.token_id == token_id:  # a piece of a character shows as its bytes, <E6 97>
+            return s.token_text if s.token_hex is None else style.step_token(s)
     return _decode(trace, token_id)
 
 
 def _decode(trace, token_id: int) -> str:
+    from semviz.decoding.decoder import token_hex
+
     tok = _tokenizer(trace)
-    return tok.decode([token_id]) if tok is not None else f"<{token_id}>"
+    if tok is None:
+        return f"<{token_id}>"
+    h = token_hex(tok, token_id)
+    return tok.decode([token_id]) if h is None else style.display_token("", h)
 
 
 _TOK: dict = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -193,6 +194,11 @@ class Decoder:
             prompt=self.prompt,
             prompt_ids=list(self.prompt_ids),
             prompt_tokens=tokens,
+            prompt_hex={
+                str(i): h
+                for i, t in enumerate(self.prompt_ids)
+                if (h := token_hex(self.lm.tokenizer, t)) is not None
+            },
         )
         self.trace.extra["prompt_roles"] = self.prompt_roles.tolist()  # replay's gravity reads it
         if self.eviction is not None:
@@ -527,6 +533,7 @@ class Decoder:
             position=len(self.ids),
             token_id=int(token),
             token_text=self.lm.tokenizer.decode([int(token)]),
+            token_hex=token_hex(self.lm.tokenizer, int(token)),
             entropy=float(result.entropy_raw),
             varentropy=float(result.varentropy_raw),
             entropy_sampled=float(result.entropy_sampled),
@@ -661,6 +668,28 @@ def _copy_state(v):
     if isinstance(v, dict):
         return {k: _copy_state(x) for k, x in v.items()}
     return v
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_hex(tokenizer, token_id: int) -> str | None:
+    """The token's bytes in hex when they are not UTF-8 alone (a piece of a character of a
+    byte-level vocabulary), else None: the record's text then keeps every byte."""
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    table = _byte_decoder()
+    if not isinstance(piece, str) or not piece or any(c not in table for c in piece):
+        return None  # not a byte-level piece (a special token, or another tokenizer kind)
+    raw = bytes(table[c] for c in piece)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.hex()
+    return None
 
 
 def top_candidates(

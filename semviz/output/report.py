@@ -122,7 +122,11 @@ def _printable(text: str) -> str:
 def _labeler(trace: Trace, tokenizer) -> Callable[[Sequence[int]], list[str]]:
     known = {int(i): t for i, t in zip(trace.prompt_ids, trace.prompt_tokens, strict=False)}
     known.update({s.token_id: s.token_text for s in trace.steps})
-    memo: dict[int, str] = {}
+    # a piece of a character shows as its bytes, which only the record knows
+    memo: dict[int, str] = {s.token_id: style.step_token(s) for s in trace.steps if s.token_hex}
+    for k, h in trace.prompt_hex.items():
+        if k.isdigit() and int(k) < len(trace.prompt_ids):
+            memo[int(trace.prompt_ids[int(k)])] = style.display_token("", h)
 
     def labels(ids: Sequence[int]) -> list[str]:
         out = []
@@ -256,7 +260,10 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
     steps = trace.steps
     rec = steps[sel]
     out = []
-    ctx_tokens = [_printable(t) for t in list(trace.prompt_tokens) + [s.token_text for s in steps]]
+    ctx_tokens = [
+        _printable(t) if (h := trace.prompt_hex.get(str(i))) is None else style.display_token(t, h)
+        for i, t in enumerate(trace.prompt_tokens)
+    ] + [_printable(s.token_text) if s.token_hex is None else style.step_token(s) for s in steps]
     if rec.attention is not None:
         pos = rec.cache_positions.long().tolist()
         out.append(View(
@@ -395,16 +402,47 @@ def _shade(v: float) -> str:
 
 
 def _text_html(trace: Trace) -> str:
-    parts = [f'<span class="prompt">{_e("".join(trace.prompt_tokens))}</span>']
-    for s in trace.steps:
+    parts = [f'<span class="prompt">{_e(trace.prompt_text)}</span>']
+    for group in _whole_characters(trace.steps):
+        s = group[0]
         p = s.chosen_prob
         v = 1.0 - (p if math.isfinite(p) else 0.0)
         tip = f"step {s.index} · p={p:.3f} · H={s.entropy:.2f} nats · kept {s.n_kept}"
+        if len(group) > 1:  # one character spread over tokens: one span, the first's shade
+            tip = f"steps {s.index}–{group[-1].index} (one character) · " + tip.split(" · ", 1)[1]
+        raw = b"".join(_bytes(r) for r in group)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:  # the run stopped mid-character: show the bytes
+            text = style.display_token("", raw)
         parts.append(
             f'<span class="tok" title="{_e(tip)}" style="background:{_shade(v)}">'
-            f"{_e(s.token_text) or '∅'}</span>"
+            f"{_e(text) or '∅'}</span>"
         )
     return "".join(parts)
+
+
+def _bytes(rec) -> bytes:
+    return bytes.fromhex(rec.token_hex) if rec.token_hex else rec.token_text.encode()
+
+
+def _whole_characters(steps) -> list[list]:
+    """Steps grouped so that each group's bytes are whole UTF-8 characters (a token that is
+    a piece of a character joins the next ones until the character is complete)."""
+    groups: list[list] = []
+    buf: list = []
+    for s in steps:
+        buf.append(s)
+        try:
+            b"".join(_bytes(r) for r in buf).decode("utf-8")
+        except UnicodeDecodeError:
+            if len(buf) < 4:  # a UTF-8 character is at most 4 bytes: at most 4 tokens
+                continue
+        groups.append(buf)
+        buf = []
+    if buf:
+        groups.append(buf)
+    return groups
 
 
 def _table(rows: Sequence[tuple[str, object]]) -> str:

@@ -26,6 +26,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -393,6 +394,17 @@ def _check_eviction(ev: Any, where: str) -> None:
         _tensor(sc, f"{where}.scores", (torch.float16, torch.float32), shape)
 
 
+def _join_bytes(texts: list[str], hexes: list[str | None]) -> str:
+    """Token texts joined byte-wise: a token's hex bytes where it has them, else its text."""
+    return b"".join(
+        bytes.fromhex(h) if h is not None else t.encode("utf-8", "replace")
+        for t, h in zip(texts, hexes, strict=True)
+    ).decode("utf-8", "replace")
+
+
+MAX_TOKEN_BYTES = 256  # one token's bytes; a vocabulary's longest are far shorter
+_HEX = re.compile(r"(?:[0-9a-f]{2})*")
+
 _TAIL_KEYS = {"top", "bottom", "width", "dead", "counts", "lse"}
 
 
@@ -456,6 +468,10 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
         )
     _int(rec.token_id, f"{w}.token_id", 0, ctx.vocab - 1)
     _str(rec.token_text, f"{w}.token_text")
+    if rec.token_hex is not None:
+        _str(rec.token_hex, f"{w}.token_hex")
+        if len(rec.token_hex) > 2 * MAX_TOKEN_BYTES or not _HEX.fullmatch(rec.token_hex):
+            raise _bad(f"{w}.token_hex", f"must be up to {MAX_TOKEN_BYTES} bytes in hex")
     for k in ("entropy", "varentropy", "entropy_sampled", "free_energy", "lse"):
         _float(getattr(rec, k), f"{w}.{k}")
     _float(rec.temperature, f"{w}.temperature", 0.0)
@@ -583,6 +599,7 @@ class StepRecord:
     gravity: torch.Tensor | None = None  # (K,) float32 normalised G over the candidates
     final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
     tail: dict | None = None  # the logits outside cand_ids, binned (semviz.sampling.tail)
+    token_hex: str | None = None  # the token's bytes in hex, when they are not UTF-8 alone
     fallback: str | None = None
     eviction: dict | None = None
     # the lens (semviz.analysis.lens), at the position that chose this token:
@@ -648,12 +665,21 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=list)
     prefill_seconds: float = 0.0
     stop_reason: str | None = None
+    # prompt tokens that are pieces of a character: their bytes in hex, by place ("3": "e697")
+    prompt_hex: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
+    def prompt_text(self) -> str:
+        """The prompt as the model read it (chat template included), its tokens' bytes joined."""
+        return _join_bytes(self.prompt_tokens, [self.prompt_hex.get(str(i)) for i in
+                                                range(len(self.prompt_tokens))])  # fmt: skip
+
+    @property
     def text(self) -> str:
-        """The generated text (token texts joined)."""
-        return "".join(s.token_text for s in self.steps)
+        """The generated text: the tokens' bytes joined, then decoded, so a character split
+        over tokens reads whole (as the tokenizer's decode of the ids does)."""
+        return _join_bytes([s.token_text for s in self.steps], [s.token_hex for s in self.steps])
 
     @property
     def token_ids(self) -> list[int]:
@@ -703,6 +729,13 @@ class Trace:
             raise _bad("prompt_tokens", f"has {len(toks)} entries for {len(ids)} prompt_ids")
         for i, t in enumerate(toks):
             _str(t, f"prompt_tokens[{i}]")
+        _obj(self.prompt_hex, "prompt_hex")
+        for k, h in self.prompt_hex.items():
+            if not (k.isdigit() and int(k) < len(toks)):
+                raise _bad("prompt_hex", f"names no prompt token: {_short(k)}")
+            _str(h, f"prompt_hex[{k}]")
+            if len(h) > 2 * MAX_TOKEN_BYTES or not _HEX.fullmatch(h):
+                raise _bad(f"prompt_hex[{k}]", f"must be up to {MAX_TOKEN_BYTES} bytes in hex")
         _float(self.prefill_seconds, "prefill_seconds", 0.0)
         _opt_str(self.stop_reason, "stop_reason")
         _obj(self.extra, "extra")
