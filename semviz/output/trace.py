@@ -9,9 +9,11 @@ Tensors are written to JSON as base64 of their raw bytes with dtype and shape, s
 trip is bit-exact.
 
 Reading a trace is strict, because a trace file is input from anyone: ``Trace.load`` and
-``Trace.from_json`` refuse files over ``MAX_BYTES`` and JSON nested deeper than ``MAX_DEPTH``,
-accept only the integer format version, and ``Trace.validate`` checks every field's type,
-dtype, shape and range and the fields' consistency (``cand_logits`` as long as ``cand_ids``,
+``Trace.from_json`` refuse files over ``MAX_BYTES``, with more than ``MAX_ELEMENTS`` JSON
+elements (counted before parsing) or nested deeper than ``MAX_DEPTH``, and free-form ``extra``
+fields of more than ``MAX_EXTRA_ELEMENTS`` values, so a read takes at most ``READ_BUDGET`` of
+memory; they accept only the integer format version, and ``Trace.validate`` checks every
+field's type, dtype, shape and range and the fields' consistency (``cand_logits`` as long as ``cand_ids``,
 ``chosen_rank`` pointing at ``token_id``, attention ``(L, H, S)`` over the
 ``cache_positions``, …). Token ids are checked against a vocabulary size: the one the caller
 passes (``vocab_size=``, from the model it will use the trace with), else the one the trace
@@ -48,6 +50,15 @@ ATTENTION_METRICS = ("entropy", "varentropy", "agreement", "interaction")
 TOP = 64
 MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB, ~63 with the lens
 MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
+# JSON elements (values, counted by their separators) a file may hold: a step writes about 80,
+# its tensors being single base64 strings, so this is over 10,000 steps; it bounds the Python
+# objects a parse makes (a list of small lists costs ~100 bytes an element), so that a read
+# stays within READ_BUDGET
+MAX_ELEMENTS = 1_000_000
+MAX_EXTRA_ELEMENTS = 10_000  # each free-form ``extra`` (a step's, the trace's)
+# what reading a trace may take at most: the file's bytes, the parsed objects, the tensors
+# decoded from base64 (3/4 of their text) and the validation's copies
+READ_BUDGET = 3 * MAX_BYTES + 200 * MAX_ELEMENTS
 ID_LIMIT = 2**31  # ids and positions are stored as int32
 
 
@@ -251,6 +262,22 @@ def _obj(v: Any, where: str) -> dict:
     if not isinstance(v, dict) or any(not isinstance(k, str) for k in v):
         raise _bad(where, f"expected an object, got {_kind(v)}")
     return v
+
+
+def _check_extra(v: Any, where: str) -> None:
+    """A free-form field: an object of at most ``MAX_EXTRA_ELEMENTS`` values in all."""
+    _obj(v, where)
+    stack, n = [v], 0
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+            n += len(x)
+        elif isinstance(x, list):
+            stack.extend(x)
+            n += len(x)
+        if n > MAX_EXTRA_ELEMENTS:
+            raise _bad(where, f"holds more than {MAX_EXTRA_ELEMENTS:,} values")
 
 
 def _list(v: Any, where: str) -> list:
@@ -526,7 +553,7 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     _check_lens(rec, w, ctx)
     if rec.tail is not None:
         _check_tail(rec.tail, f"{w}.tail", ctx.vocab - k if ctx.vocab < ID_LIMIT else None)
-    _obj(rec.extra, f"{w}.extra")
+    _check_extra(rec.extra, f"{w}.extra")
 
 
 def _finite(t: torch.Tensor, where: str) -> None:
@@ -738,7 +765,7 @@ class Trace:
                 raise _bad(f"prompt_hex[{k}]", f"must be up to {MAX_TOKEN_BYTES} bytes in hex")
         _float(self.prefill_seconds, "prefill_seconds", 0.0)
         _opt_str(self.stop_reason, "stop_reason")
-        _obj(self.extra, "extra")
+        _check_extra(self.extra, "extra")
         ctx = _Shape(
             vocab=vocab,
             layers=self.model.get("num_layers"),
@@ -788,6 +815,15 @@ class Trace:
         """Parse and validate; at most ``max_bytes`` and ``MAX_DEPTH`` levels of nesting."""
         if len(text) > max_bytes:
             raise TraceError(f"the trace is larger than the {max_bytes / files.MiB:,.0f} MiB limit")
+        # an upper bound on the elements, counted before any object is made (separators
+        # inside strings count too; base64 has none)
+        seps = (",", "[", "{") if isinstance(text, str) else (b",", b"[", b"{")
+        n = sum(text.count(c) for c in seps)
+        if n > MAX_ELEMENTS:
+            raise TraceError(
+                f"the trace holds about {n:,} JSON elements, more than the {MAX_ELEMENTS:,} "
+                "a trace may have"
+            )
         try:
             d = json.loads(text, parse_constant=_no_constant)
         except RecursionError:

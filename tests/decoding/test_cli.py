@@ -149,6 +149,18 @@ def test_a_bug_is_one_line_naming_it(monkeypatch, capsys):
     assert "something inside\\nspanning lines" in err and "SEMVIZ_DEBUG=1" in err
 
 
+def test_out_of_memory_names_what_to_give_less_of(monkeypatch, capsys):
+    import semviz.cli.replay as replay_cli
+
+    def big(args):
+        raise MemoryError
+
+    monkeypatch.setattr(replay_cli, "run", big)
+    rc, err = _err(["replay", "x.json"], capsys)
+    assert (rc, err) == (2, "semviz replay: out of memory; the trace is too large to replay "
+                            "in this machine's memory; try a shorter run.\n")  # fmt: skip
+
+
 def test_a_prompt_that_is_not_utf8_is_refused(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "semviz", "trace", "--prompt", b"caf\xe9", "--out", "t.json"],
