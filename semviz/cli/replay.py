@@ -35,6 +35,15 @@ def run(args: argparse.Namespace) -> int:
     from semviz.sampling import PruneParams, check_model_shape
 
     trace = Trace.load(args.trace)
+    if args.model is None and trace.model.get("name") == DEFAULT_MODEL:
+        # its labels come from the default's tokenizer: the vocabulary must be that one
+        tok = _tokenizer(trace)
+        if tok is not None and trace.model.get("vocab_size") != len(tok):
+            raise ValueError(
+                f"the trace names {DEFAULT_MODEL}, whose vocabulary has {len(tok):,} tokens, "
+                f"but records {_count(trace.model.get('vocab_size'))}: pass --model with the "
+                "model the trace was made with"
+            )
     recorded = PruneParams.from_dict(trace.settings.get("params", {}))
     params = common.params_from_args(args, base=recorded)
     shape = trace.model
@@ -110,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
         + (f"; note: {r.note}" if r.note else "")
     )
     return 0
+
+
+def _count(v) -> str:
+    return f"{v:,}" if type(v) is int else "no vocabulary size"
 
 
 def _check_same_model(trace, summary: dict) -> None:

@@ -62,12 +62,41 @@ class DecodeSettings:
         }
 
 
+CHARS_PER_TOKEN = 16  # a prompt's characters per token the model reads, checked before tokenising
+
+
+def check_prompt_text(text: str, max_chars: int, what: str = "The prompt") -> None:
+    """Refuse, in one sentence, text longer than ``max_chars`` characters (before it is
+    tokenised, which costs time and memory by the character) or holding a lone surrogate
+    (no tokenizer, UTF-8 file or browser takes one)."""
+    if len(text) > max_chars:
+        raise PromptError(
+            f"{what} is {len(text):,} characters, more than the {max_chars:,} semviz reads: "
+            "shorten it."
+        )
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PromptError(
+                f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character "
+                f"{exc.start:,}), which is not text: remove it."
+            ) from None
+
+
 def encode_prompt(
     lm: LoadedModel, prompt: str, chat: bool | None = None, system_prompt: str | None = None
 ) -> list[int]:
-    """Token ids for ``prompt``, through the chat template when ``chat`` (default: if present)."""
+    """Token ids for ``prompt``, through the chat template when ``chat`` (default: if present).
+
+    The text is checked before it is tokenised (:func:`check_prompt_text`): at most
+    ``CHARS_PER_TOKEN`` characters per token the model reads, and valid Unicode.
+    """
     if prompt is None or not prompt.strip():
         raise PromptError("The prompt is empty: type some text for the model to continue.")
+    check_prompt_text(prompt, CHARS_PER_TOKEN * lm.max_context, "The prompt")
+    if system_prompt:
+        check_prompt_text(system_prompt, CHARS_PER_TOKEN * lm.max_context, "The system prompt")
     tok = lm.tokenizer
     use_chat = lm.is_chat if chat is None else chat
     if use_chat and not lm.is_chat:
@@ -83,8 +112,9 @@ def encode_prompt(
         ids = tok(prompt, add_special_tokens=True)["input_ids"]
     if len(ids) + 1 > lm.max_context:
         raise PromptError(
-            f"The prompt is {len(ids):,} tokens but {lm.name} reads at most "
-            f"{lm.max_context:,}: shorten it."
+            f"The prompt is {len(ids):,} tokens, and {lm.name} reads at most "
+            f"{lm.max_context:,} with the token it writes: shorten it to "
+            f"{lm.max_context - 1:,} tokens or fewer."
         )
     return list(ids)
 

@@ -192,3 +192,25 @@ def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
     assert main(["replay", str(path), "--temperature", "2.0"]) == 0
     text = capsys.readouterr().out
     assert f"{len(marked)} approximate (~)" in text
+
+
+@pytest.mark.real_model
+def test_a_trace_naming_the_default_model_with_another_vocabulary_is_refused(
+    tiny_lm, tmp_path, capsys
+):
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.model.load import DEFAULT_MODEL
+    from semviz.sampling import PruneParams
+
+    dec = Decoder(tiny_lm, "Hello", PruneParams(), DecodeSettings(max_new_tokens=2, capture=False))
+    dec.run(2)
+    dec.trace.model.update(name=DEFAULT_MODEL, vocab_size=50_000)
+    for rec in dec.trace.steps:  # the tail summaries would count the vocabulary too
+        rec.tail = None
+    path = tmp_path / "t.json"
+    dec.trace.save(path)
+    rc, err = _err(["replay", str(path), "--temperature", "1.3"], capsys)
+    assert rc == 2 and err == (
+        f"semviz replay: the trace names {DEFAULT_MODEL}, whose vocabulary has 49,152 tokens, "
+        "but records 50,000: pass --model with the model the trace was made with\n"
+    )
