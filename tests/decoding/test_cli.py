@@ -214,3 +214,58 @@ def test_a_trace_naming_the_default_model_with_another_vocabulary_is_refused(
         f"semviz replay: the trace names {DEFAULT_MODEL}, whose vocabulary has 49,152 tokens, "
         "but records 50,000: pass --model with the model the trace was made with\n"
     )
+
+
+def _trace_argv(tiny_dir, out, *extra: str) -> list[str]:
+    return ["trace", "--model", str(tiny_dir), "--prompt", "Hello there", "--out", str(out),
+            "--steps", "6", "--record-k", "64", *extra]  # fmt: skip
+
+
+def test_trace_size_is_estimated_from_above(tiny_lm, tiny_dir, tmp_path, capsys):
+    from semviz.cli.trace import estimate_bytes
+    from semviz.decoding.decoder import encode_prompt
+
+    out = tmp_path / "t.json"
+    assert main(_trace_argv(tiny_dir, out, "--json")) == 0
+    n_prompt = len(encode_prompt(tiny_lm, "Hello there"))
+    est = estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, True)
+    size = out.stat().st_size
+    assert size <= est <= 3 * size
+    assert estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, False) < est
+
+
+def test_trace_leaves_attention_out_before_a_file_replay_cannot_read(
+    tiny_dir, tmp_path, capsys, monkeypatch
+):
+    from semviz.output import trace as trace_mod
+
+    monkeypatch.setattr(trace_mod, "MAX_BYTES", 70_000)  # over with attention, under without
+    out = tmp_path / "t.json"
+    assert main(_trace_argv(tiny_dir, out, "--steps", "8", "--record-k", "16", "--json")) == 0
+    err = capsys.readouterr().err
+    assert "semviz trace: attention and the lens left out: with them the trace would be" in err
+    t = trace_mod.Trace.load(out)
+    assert len(t.steps) == 8 and all(s.attention is None for s in t.steps)
+    monkeypatch.setattr(trace_mod, "MAX_BYTES", 30_000)
+    rc, err = _err(_trace_argv(tiny_dir, tmp_path / "u.json", "--steps", "8", "--force"), capsys)
+    assert rc == 2 and "MiB a trace may be: ask for fewer --steps or a smaller --record-k" in err
+    assert not (tmp_path / "u.json").exists()
+
+
+def test_ctrl_c_keeps_the_tokens_made_so_far(tiny_dir, tmp_path, capsys, monkeypatch):
+    from semviz.decoding.decoder import Decoder
+    from semviz.output.trace import Trace
+
+    real = Decoder.step
+
+    def step(self, *a, **kw):
+        if len(self.trace.steps) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Decoder, "step", step)
+    out = tmp_path / "t.json"
+    assert main(_trace_argv(tiny_dir, out)) == 130
+    assert "stopped; the 3 tokens made so far are in" in capsys.readouterr().err
+    t = Trace.load(out)
+    assert len(t.steps) == 3 and t.stop_reason == "interrupted"
