@@ -692,6 +692,10 @@ def _off_loop(fn, *args):
         return pool.submit(fn, *args).result()
 
 
+class PngExportError(RuntimeError):
+    """The images could not be made; the rest of the report is written (one sentence)."""
+
+
 # -- the bundle --------------------------------------------------------------------------------
 
 
@@ -787,11 +791,17 @@ def build(
     # all made before the first file is written
     page = report_html(trace, vs, selected=selected, whatif=whatif)
     say("writing report.html", 0.1)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    html_path = files.write_text(out / "report.html", page)
-    trace.save(out / "trace.json")
-    with files.atomic_path(out / "trace.parquet") as tmp:
-        trace.to_dataframe().to_parquet(tmp, index=False)
+    try:
+        html_path = files.write_text(out / "report.html", page)
+        trace.save(out / "trace.json")
+        with files.atomic_path(out / "trace.parquet") as tmp:
+            trace.to_dataframe().to_parquet(tmp, index=False)
+    except OSError:  # a full disk: a folder made here is not left behind half written
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     manifest = _manifest(trace, vs, selected, whatif)
     pngs: list[Path] = []
     stopped = False
@@ -805,9 +815,18 @@ def build(
         def sub(msg: str, frac: float) -> None:
             say(msg, 0.15 + 0.85 * frac)
 
-        pngs, manifest["png_engine"] = export_pngs(
-            vs, png_dir, engine=engine, html_path=html_path, progress=sub, should_stop=should_stop
-        )
+        try:
+            pngs, manifest["png_engine"] = export_pngs(
+                vs, png_dir, engine=engine, html_path=html_path, progress=sub,
+                should_stop=should_stop,
+            )  # fmt: skip
+        except Exception as exc:  # the browser would not start, or timed out
+            detail = (str(exc).strip().splitlines() or ["no detail"])[0][:120]
+            raise PngExportError(
+                f"the PNG export failed ({type(exc).__name__}: {detail});"
+                f" report.html, trace.json and trace.parquet are written in {out}: run again "
+                "with --no-png to skip the images"
+            ) from exc
         made = {p.stem for p in pngs}
         for c in manifest["charts"]:
             if c["name"] in made:
