@@ -451,10 +451,16 @@ def _table(rows: Sequence[tuple[str, object]]) -> str:
 
 
 def _fmt(v) -> str:
+    """A table value: large numbers with thousands separators, never in e-notation
+    (``49150.0`` → ``49,150``); others to 4 significant digits.
+
+    >>> [_fmt(v) for v in (49150.0, 1234.5, 3.14159, 0.000123, None, 7)]
+    ['49,150', '1,234', '3.142', '0.000123', '–', '7']
+    """
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
     return str(v)
 
 
