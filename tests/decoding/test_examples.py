@@ -42,6 +42,6 @@ def test_an_example_holds_what_its_command_makes_today(argv):
     assert s["capture"] is (args.attention == "on") and s["capture"]
     assert all(rec.attention is not None for rec in t.steps)  # Attention & gravity has data
     assert PruneParams.from_dict(s["params"]) == common.params_from_args(args)
-    # format 2: each step has the tail summary the exact what-if needs
+    # format 3: each step has the tail summary the exact what-if needs
     assert t.steps and all(rec.tail is not None for rec in t.steps)
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
