@@ -40,6 +40,7 @@ def test_an_example_holds_what_its_command_makes_today(argv):
     s = t.settings
     assert (s["seed"], s["chat"], s["record_k"]) == (args.seed, args.chat, args.record_k)
     assert s["capture"] is (args.attention == "on") and s["capture"]
+    assert s.get("lens") is (args.lens == "on")  # the lens is left out to keep the files small
     assert all(rec.attention is not None for rec in t.steps)  # Attention & gravity has data
     assert PruneParams.from_dict(s["params"]) == common.params_from_args(args)
     # format 3: each step has the tail summary the exact what-if needs
