@@ -123,9 +123,13 @@ def _ghost_payload() -> dict | None:
         else:
             note = ""
         return {"tokens": texts, "note": note}
-    # until the model has decoded it, the replay's pick at step k (exact, no model run)
+    # until the model has decoded it, the replay's pick at step k (no model run): exact
+    # unless the record cannot decide it, which the note says
     first = ctx.labels([ctx.wi.token_ids[k]])[0]
-    if g is not None and g.error:
+    why = ctx.wi.why[k] if k < len(ctx.wi.why) else None
+    if why is not None and (g is None or not g.error):
+        note = f"… (an estimate: {why})"
+    elif g is not None and g.error:
         note = f"… (the continuation was not decoded: {g.error})"
     elif g is not None and g.forced:
         note = f"… re-feeding the {k} recorded tokens before it, then decoding"

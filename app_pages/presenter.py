@@ -113,7 +113,7 @@ else:
     c2.button("▶", key="pres_next", on_click=_move, args=(1,), disabled=i == n - 1,
               shortcut="Right", help="Next step (→ key)")  # fmt: skip
     c1.html(
-        f"<p class='semviz-title'>Step {i} of {n - 1} → "
+        f"<p class='semviz-title'>Step {i} of {n} (numbered 0–{n - 1}) → "
         f"<span class='semviz-focus'>{html.escape(charts.display_token(token))}</span></p>"
     )
     kind, sentence = report.shown_state(wi)

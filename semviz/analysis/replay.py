@@ -6,6 +6,14 @@ recorded uniform draw (common random numbers), teacher-forced on the recorded to
 changed choice comes from the settings alone. The first step whose choice changes is the
 point where "regenerate from here" would continue.
 
+The record holds each step's top candidates exactly and the rest of the vocabulary as a
+binned summary (:mod:`semviz.sampling.tail`), which bounds the tail's mass at any
+temperature. A step's pick is exact, what a live decode with the new settings picks from
+the same draw, when every vocabulary consistent with the record makes the same pick; where
+it depends on tokens the record does not hold (the draw lands in the tail, or too near a
+boundary the bounds leave open), the step is marked ``approximate`` with the reason in
+``why``, and the pick shown is an estimate with the draw scaled by the new tail's share.
+
 Gravity needs the context's vectors. When the settings ask for a gravity the trace did not
 record (λ was 0, or any field that shapes ``G`` differs: ``PruneParams.gravity_params``), it
 is recomputed over the recorded candidates through the live run's own
@@ -43,6 +51,7 @@ from semviz import gravity as grav
 from semviz import sampling
 from semviz.output.trace import Trace
 from semviz.sampling import GRAVITY_FIELDS, PruneParams, PruneResult, check_model_shape
+from semviz.sampling import tail as tail_mod
 
 
 @dataclass
@@ -55,6 +64,9 @@ class WhatIf:
     chosen : the candidate index each step would pick (into ``cand_ids``).
     token_ids : the token each step would pick.
     first_diff : first step whose pick differs from the recorded token, or None.
+    approximate : per step, True where the pick depends on tokens the record does not hold
+        (``why`` says what); the pick shown there is replay's best estimate.
+    why : per step, the reason a step is approximate (None where it is exact).
     """
 
     params: PruneParams
@@ -65,6 +77,8 @@ class WhatIf:
     first_diff: int | None
     seconds: float = 0.0
     note: str | None = None
+    approximate: list[bool] = field(default_factory=list)
+    why: list[str | None] = field(default_factory=list)
     key: tuple = field(default=(), repr=False)
     # where the replay stands after its last step, so that :func:`cached` can go on from there
     # when the run grows: the sampler state and that step's record (None where gravity was
@@ -74,6 +88,11 @@ class WhatIf:
 
     def differs(self, i: int) -> bool:
         return self.first_diff is not None and i >= self.first_diff
+
+    @property
+    def n_approximate(self) -> int:
+        """Steps whose pick the record cannot decide exactly."""
+        return sum(self.approximate)
 
 
 def _recorded_gravity_config(trace: Trace) -> dict:
@@ -173,59 +192,110 @@ def replay_steps(
     *,
     start: int = 0,
     state: sampling.SamplerState | None = None,
-) -> tuple[list[PruneResult], list[int]]:
+) -> tuple[list[PruneResult], list[int], list[str | None]]:
     """Re-prune the recorded steps from ``start`` on with ``params``; teacher-forced on the
-    recorded tokens. Returns one result and one pick per step replayed.
+    recorded tokens. Returns one result, one pick and one reason per step replayed: the
+    reason is None where the pick is exact (what a live run with ``params`` picks from the
+    same draw), else why the record cannot decide it.
 
     The sampler state (histories, mirostat mu) advances with the recorded token, because
     the later logits were computed after it. ``state`` is the state before step ``start``
     (a fresh one at step 0); it is advanced in place.
     """
     state = sampling.SamplerState() if state is None else state
-    results, chosen = [], []
+    recorded = gravities is None and params == _recorded_params(trace)
+    vocab = trace.model.get("vocab_size") if isinstance(trace.model, dict) else None
+    results, chosen, whys = [], [], []
     for i in range(start, len(trace.steps)):
         rec = trace.steps[i]
         g = rec.gravity if gravities is None else gravities[i]
+        mu = state.mirostat_mu
         res = sampling.prune(
             rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse,
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
+            tail_count=_tail_count(rec, vocab),
         )  # fmt: skip
-        idx = _pick(rec, res)
+        if recorded:  # the recorded settings: the recorded pick is the live one
+            decision = tail_mod.Decision(index=rec.chosen_rank if rec.chosen_rank >= 0 else None)
+        else:
+            decision = _decide(rec, res, params, g, gravities is None, mu, vocab)
+        why = decision.why
+        if decision.index is not None:
+            idx = decision.index
+        else:
+            idx = _pick(rec, res, decision.tail_share)
+            why = why or "the record cannot decide this pick"
+        if why is None and state.mu_estimated and params.adaptive == "mirostat":
+            why = "mirostat's state rests on an estimated probability from an earlier step"
         if res.n_kept == rec.cand_ids.numel() and rec.final_tail_mass > 0:
             # every recorded candidate survived, so the unrecorded tail the live run kept
             # survives too: count it, rather than report the record's size
             res.n_kept = max(res.n_kept, rec.n_kept)
         if rec.chosen_rank >= 0:
-            state.observe(res, rec.chosen_rank, rec.token_id)
+            q = None if recorded else decision.final_q
+            state.observe(res, rec.chosen_rank, rec.token_id, q=q, q_exact=decision.q_exact)
         else:
             state.tokens.append(rec.token_id)
             state.entropies.append(float(res.entropy_raw))
             state.steps += 1
         results.append(res)
         chosen.append(idx)
-    return results, chosen
+        whys.append(why)
+    return results, chosen, whys
 
 
-def _pick(rec, res: PruneResult) -> int:
-    """The candidate the recorded draw ``u`` picks under ``res``, as the live run would.
+def _recorded_params(trace: Trace) -> PruneParams | None:
+    p = trace.settings.get("params") if isinstance(trace.settings, dict) else None
+    try:
+        return PruneParams.from_dict(p) if isinstance(p, dict) else None
+    except (TypeError, ValueError):
+        return None
 
-    The live run sampled over the whole vocabulary; the record holds the top-K candidates,
-    the kept set and the chosen token, and the share of the final mass outside them
-    (``final_tail_mass``). Replay's distribution is renormalised over the record, so ``u`` is
-    scaled by the share the record holds: when the replay keeps every recorded candidate,
-    the unrecorded tail is taken to survive with its recorded share (exact when the
-    temperature is unchanged); when a filter cut inside the record, the tail, which lies
-    below every recorded raw probability, is cut too. A draw that lands in the unrecorded
-    tail keeps the recorded token. With the recorded settings this reproduces every pick of
-    the live run, with one known exception: full-vocabulary gravity (``gravity_mode="full"``)
-    can move mass into or out of tokens outside the record, which replay cannot see, so its
-    kept sets there are approximate (rerank mode only touches recorded candidates).
+
+def _tail_count(rec, vocab: int | None) -> int:
+    """Finite tokens outside the record (dynatemp counts them as the live run did)."""
+    if isinstance(rec.tail, dict):
+        return int(rec.tail["counts"].sum())
+    if isinstance(vocab, int) and vocab > rec.cand_ids.numel():
+        return vocab - rec.cand_ids.numel()
+    return 0
+
+
+def _decide(rec, res: PruneResult, params: PruneParams, g, g_recorded: bool, mu, vocab):
+    """The record's decision for one step (:func:`semviz.sampling.tail.decide`)."""
+    eff = sampling.default_params(params) if res.fallback else params
+    tail = rec.tail
+    if tail is None and rec.tail_lse is not None and isinstance(vocab, int):
+        # a record from before tail summaries: one bin below the last candidate
+        n = vocab - rec.cand_ids.numel()
+        if n > 0 and rec.tail_lse > float("-inf"):
+            tail = tail_mod.Tail.from_lse(float(rec.cand_logits.min()), float(rec.tail_lse), n)
+    return tail_mod.decide(
+        rec.cand_ids, rec.cand_logits, tail, eff, temperature=float(res.temperature),
+        greedy=bool(res.greedy), u=min(max(rec.u, 0.0), 1.0 - 1e-12), entropy=float(rec.entropy),
+        gravity=g, gravity_recorded=g_recorded, mirostat_mu=mu, token_rank=rec.chosen_rank,
+    )  # fmt: skip
+
+
+def _pick(rec, res: PruneResult, share: float | None = None) -> int:
+    """Replay's best estimate of the candidate the draw ``u`` picks, where the record
+    cannot decide it.
+
+    Replay's distribution is renormalised over the record, so ``u`` is scaled by the share
+    of the final mass the candidates hold: ``share`` is the tail's estimated share under the
+    new settings (from the tail summary); without one, the recorded share is used when the
+    replay keeps every recorded candidate, and none when a filter cut inside the record
+    (the tail lies below every recorded raw probability). A draw that lands in the
+    unrecorded tail keeps the recorded token.
     """
     u = min(max(rec.u, 0.0), 1.0 - 1e-12)
-    tail = float(getattr(rec, "final_tail_mass", 0.0) or 0.0)
-    if res.greedy or tail <= 0.0 or res.n_kept < rec.cand_ids.numel():
+    if share is None:
+        share = float(getattr(rec, "final_tail_mass", 0.0) or 0.0)
+        if res.n_kept < rec.cand_ids.numel():
+            share = 0.0
+    if res.greedy or share <= 0.0:
         return sampling.choose(res, u, state=sampling.SamplerState())
-    scaled = u / (1.0 - tail)
+    scaled = u / (1.0 - min(share, 1.0 - 1e-12))
     if scaled >= 1.0 and rec.chosen_rank >= 0:
         return rec.chosen_rank
     return sampling.choose(res, min(scaled, 1.0 - 1e-12), state=sampling.SamplerState())
@@ -256,15 +326,17 @@ def replay(
             gravities = cache.get(model, trace, params, hidden)
             note = _degraded(trace, params, hidden, len(trace.steps))[1]
     state = sampling.SamplerState()
-    results, chosen = replay_steps(trace, params, gravities, state=state)
+    results, chosen, whys = replay_steps(trace, params, gravities, state=state)
     w = WhatIf(params=params, n=0, results=[], chosen=[], token_ids=[], first_diff=None,
                note=note, state=state if gravities is None else None)  # fmt: skip
-    _append(w, trace, results, chosen)
+    _append(w, trace, results, chosen, whys)
     w.seconds = time.perf_counter() - t0
     return w
 
 
-def _append(w: WhatIf, trace: Trace, results: list[PruneResult], chosen: list[int]) -> None:
+def _append(
+    w: WhatIf, trace: Trace, results: list[PruneResult], chosen: list[int], whys: list
+) -> None:
     """Add the replayed steps ``w.n`` on to ``w``."""
     new = trace.steps[w.n : w.n + len(results)]
     ids = [int(rec.cand_ids[c]) for rec, c in zip(new, chosen, strict=True)]
@@ -274,6 +346,8 @@ def _append(w: WhatIf, trace: Trace, results: list[PruneResult], chosen: list[in
             None,
         )
     w.results, w.chosen, w.token_ids = w.results + results, w.chosen + chosen, w.token_ids + ids
+    w.why = w.why + list(whys)
+    w.approximate = w.approximate + [why is not None for why in whys]
     w.n += len(results)
     w.last = trace.steps[w.n - 1] if w.n else None
 
@@ -292,10 +366,10 @@ def extend(w: WhatIf, trace: Trace) -> WhatIf | None:
         return None
     t0 = time.perf_counter()
     state = w.state.copy()
-    results, chosen = replay_steps(trace, w.params, start=n, state=state)
+    results, chosen, whys = replay_steps(trace, w.params, start=n, state=state)
     out = dataclasses.replace(w, results=list(w.results), chosen=list(w.chosen),
                               token_ids=list(w.token_ids), state=state)  # fmt: skip
-    _append(out, trace, results, chosen)
+    _append(out, trace, results, chosen, whys)
     out.seconds = time.perf_counter() - t0
     return out
 

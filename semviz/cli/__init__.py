@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what a command that ran out of memory can be given less of
+_MEMORY_HINT = {
+    "": "try fewer tokens or a smaller model.",
+    "replay": "the trace is too large to replay in this machine's memory; try a shorter run.",
+    "report": "the trace is too large to report on here; try a shorter run or --no-png.",
+    "kv-eval": "try fewer tokens, fewer budgets or a smaller model.",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -78,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: stopped.", file=sys.stderr)
         return 130
     except MemoryError:
-        print(f"{name}: out of memory; try fewer tokens or a smaller model.", file=sys.stderr)
+        print(f"{name}: out of memory; {_MEMORY_HINT.get(args.command, _MEMORY_HINT[''])}",
+              file=sys.stderr)  # fmt: skip
         return 2
     except user_errors() as exc:
         print(one_line(f"{name}: {_message(exc)}"), file=sys.stderr)

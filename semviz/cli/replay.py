@@ -12,6 +12,7 @@ import argparse
 import time
 
 from semviz.cli import common
+from semviz.output import style
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -34,6 +35,15 @@ def run(args: argparse.Namespace) -> int:
     from semviz.sampling import PruneParams, check_model_shape
 
     trace = Trace.load(args.trace)
+    if args.model is None and trace.model.get("name") == DEFAULT_MODEL:
+        # its labels come from the default's tokenizer: the vocabulary must be that one
+        tok = _tokenizer(trace)
+        if tok is not None and trace.model.get("vocab_size") != len(tok):
+            raise ValueError(
+                f"the trace names {DEFAULT_MODEL}, whose vocabulary has {len(tok):,} tokens, "
+                f"but records {_count(trace.model.get('vocab_size'))}: pass --model with the "
+                "model the trace was made with"
+            )
     recorded = PruneParams.from_dict(trace.settings.get("params", {}))
     params = common.params_from_args(args, base=recorded)
     shape = trace.model
@@ -59,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "step": i,
-                "recorded_token": rec.token_text,
+                "recorded_token": _text(trace, rec, rec.token_id),
                 "token": _text(trace, rec, new_id),
                 "changed": new_id != rec.token_id,
+                **({"approximate": True, "why": r.why[i]} if r.approximate[i] else {}),
                 "n_kept": res.n_kept,
                 "recorded_n_kept": rec.n_kept,
                 "entropy_sampled": res.entropy_sampled,
@@ -79,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         "trace": args.trace,
         "steps": len(rows),
         "first_divergence": r.first_diff,
+        "approximate_steps": r.n_approximate,
         "replay_seconds": seconds,
         "note": r.note,
         "params": params.to_dict(),
@@ -89,18 +101,28 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'step':>4}  {'recorded':>14}  {'replayed':>14}  {'kept':>6}  {'H_sampled':>9}  T")
     for row in rows:
-        mark = "*" if row["changed"] else " "
+        mark = ("*" if row["changed"] else " ") + ("~" if row.get("approximate") else " ")
         print(
-            f"{row['step']:4d}{mark} {row['recorded_token']!r:>14}  {row['token']!r:>14}  "
+            f"{row['step']:4d}{mark}{row['recorded_token']!r:>14}  {row['token']!r:>14}  "
             f"{row['n_kept']:6d}  {max(row['entropy_sampled'], 0.0):9.3f}  {row['temperature']:.2f}"
         )
     fd = r.first_diff
     print(
         f"first divergence: {'none' if fd is None else f'step {fd}'}; "
         f"{len(rows)} steps replayed in {seconds * 1e3:.1f} ms"
+        + (
+            f"; {r.n_approximate} approximate (~): their pick depends on tokens the trace "
+            "does not record"
+            if r.n_approximate
+            else ""
+        )
         + (f"; note: {r.note}" if r.note else "")
     )
     return 0
+
+
+def _count(v) -> str:
+    return f"{v:,}" if type(v) is int else "no vocabulary size"
 
 
 def _check_same_model(trace, summary: dict) -> None:
@@ -116,17 +138,20 @@ def _check_same_model(trace, summary: dict) -> None:
 
 def _text(trace, rec, token_id: int) -> str:
     """Token text from the trace itself (recorded steps), else the model-free id."""
-    if token_id == rec.token_id:
-        return rec.token_text
-    for s in trace.steps:
-        if s.token_id == token_id:
-            return s.token_text
+    for s in [rec, *trace.steps]:
+        if s.token_id == token_id:  # a piece of a character shows as its bytes, <E6 97>
+            return s.token_text if s.token_hex is None else style.step_token(s)
     return _decode(trace, token_id)
 
 
 def _decode(trace, token_id: int) -> str:
+    from semviz.decoding.decoder import token_hex
+
     tok = _tokenizer(trace)
-    return tok.decode([token_id]) if tok is not None else f"<{token_id}>"
+    if tok is None:
+        return f"<{token_id}>"
+    h = token_hex(tok, token_id)
+    return tok.decode([token_id]) if h is None else style.display_token("", h)
 
 
 _TOK: dict = {}

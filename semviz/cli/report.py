@@ -166,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
             engine=args.png_engine, progress=progress, should_stop=lambda: stop["flag"], lm=lm,
             vector=tuple(dict.fromkeys(args.vector)),
         )  # fmt: skip
+    except report.PngExportError as exc:
+        from semviz.cli import UserError
+
+        raise UserError(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, old)
     if args.json:

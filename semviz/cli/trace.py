@@ -39,8 +39,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz.decoding.decoder import Decoder
+    from semviz.decoding.decoder import Decoder, encode_prompt
     from semviz.output import files
+    from semviz.output.files import MiB
+    from semviz.output.trace import MAX_BYTES
 
     # every check that needs no model comes before loading one
     files.check_out_file(args.out, force=args.force)
@@ -51,18 +53,38 @@ def run(args: argparse.Namespace) -> int:
         raise PromptError("The prompt is empty: type some text for the model to continue.")
     run = common.run_from_args(args)
     lm = common.load(args)
+    capture, lens = args.attention == "on", args.lens == "on"
+    n_prompt = len(encode_prompt(lm, args.prompt, args.chat))
+    # a file replay cannot read is refused before decoding; attention and the lens go first
+    est = estimate_bytes(lm.summary(), n_prompt, args.steps, args.record_k, False)
+    if est > MAX_BYTES:
+        raise ValueError(
+            f"the trace would be about {est / MiB:,.1f} MiB, over the {MAX_BYTES / MiB:,.1f} "
+            "MiB a trace may be: ask for fewer --steps or a smaller --record-k"
+        )
+    est = estimate_bytes(lm.summary(), n_prompt, args.steps, args.record_k, capture, lens=lens)
+    if (capture or lens) and est > MAX_BYTES:
+        capture = lens = False
+        _note(f"attention and the lens left out: with them the trace would be about "
+              f"{est / MiB:,.1f} MiB, over the {MAX_BYTES / MiB:,.1f} MiB a trace may be")  # fmt: skip
     settings = run.decode_settings(
-        stop=tuple(args.stop),
-        record_k=args.record_k,
-        capture=args.attention == "on",
-        lens=args.lens == "on",
+        stop=tuple(args.stop), record_k=args.record_k, capture=capture, lens=lens
     )
     dec = Decoder(lm, args.prompt, params, settings, eviction=run.eviction())
+    stopped = False
     with common.progress_bar(args.steps, "decoding", enabled=not args.json) as bar:
-        dec.run(args.steps, on_step=lambda rec: bar.update(1))
+        try:
+            dec.run(args.steps, on_step=lambda rec: bar.update(1))
+        except KeyboardInterrupt:  # keep the tokens made so far, as a valid trace
+            stopped = True
+            dec.trace.stop_reason = "interrupted"
+    dec.trace.validate()
     dec.trace.save(args.out)
     summary = summarize(dec.trace)
     summary["out"] = args.out
+    if stopped:
+        _note(f"stopped; the {len(dec.trace.steps)} tokens made so far are in {args.out}")
+        return 130
     if args.json:
         common.print_json(summary)
     else:
@@ -73,6 +95,31 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _note(text: str) -> None:
+    print(f"semviz trace: {text}", file=sys.stderr)
+
+
+def estimate_bytes(
+    model: dict, n_prompt: int, steps: int, record_k: int, attention: bool, *, lens: bool = False
+) -> int:
+    """An upper estimate of a trace file's size: per step its candidates (ids, logits and
+    each stage's probabilities), the tail summary, the fixed fields and the ``S`` int32
+    cache positions it read, and with attention an ``(L, H, S)`` float16 tensor; base64
+    writes 4 bytes for 3. With the lens, each step adds its float16 residual stream
+    ``(L+1, d)`` and head outputs ``(L, H, D)``, the float32 last residual and the
+    attention metrics ``(4, L, H)``."""
+    positions = steps * n_prompt + steps * (steps + 1) // 2  # S grows by one a step
+    total = steps * (record_k * 32 + 4096) + 4 * positions
+    if attention:
+        heads = int(model.get("num_layers", 0)) * int(model.get("num_heads", 0))
+        total += 2 * heads * positions
+    if lens:
+        n_l, n_h = int(model.get("num_layers", 0)), int(model.get("num_heads", 0))
+        d, d_head = int(model.get("hidden_size", 0)), int(model.get("head_dim", 0))
+        total += steps * (2 * (n_l + 1) * d + 2 * n_l * n_h * d_head + 4 * d + 16 * n_l * n_h)
+    return total * 4 // 3 + 16 * 1024
 
 
 def summarize(trace) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from semviz.model.capture import LensCapture, enable_capture
 from semviz.model.forward import Forward, cache_nbytes, forward
 from semviz.model.load import LoadedModel
 from semviz.output.trace import ATTENTION_METRICS, StepRecord, Trace
+from semviz.sampling.tail import summarize as summarize_tail
 
 RECORD_K = 1024
 
@@ -60,12 +62,41 @@ class DecodeSettings:
         }
 
 
+CHARS_PER_TOKEN = 16  # a prompt's characters per token the model reads, checked before tokenising
+
+
+def check_prompt_text(text: str, max_chars: int, what: str = "The prompt") -> None:
+    """Refuse, in one sentence, text longer than ``max_chars`` characters (before it is
+    tokenised, which costs time and memory by the character) or holding a lone surrogate
+    (no tokenizer, UTF-8 file or browser takes one)."""
+    if len(text) > max_chars:
+        raise PromptError(
+            f"{what} is {len(text):,} characters, more than the {max_chars:,} semviz reads: "
+            "shorten it."
+        )
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PromptError(
+                f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character "
+                f"{exc.start:,}), which is not text: remove it."
+            ) from None
+
+
 def encode_prompt(
     lm: LoadedModel, prompt: str, chat: bool | None = None, system_prompt: str | None = None
 ) -> list[int]:
-    """Token ids for ``prompt``, through the chat template when ``chat`` (default: if present)."""
+    """Token ids for ``prompt``, through the chat template when ``chat`` (default: if present).
+
+    The text is checked before it is tokenised (:func:`check_prompt_text`): at most
+    ``CHARS_PER_TOKEN`` characters per token the model reads, and valid Unicode.
+    """
     if prompt is None or not prompt.strip():
         raise PromptError("The prompt is empty: type some text for the model to continue.")
+    check_prompt_text(prompt, CHARS_PER_TOKEN * lm.max_context, "The prompt")
+    if system_prompt:
+        check_prompt_text(system_prompt, CHARS_PER_TOKEN * lm.max_context, "The system prompt")
     tok = lm.tokenizer
     use_chat = lm.is_chat if chat is None else chat
     if use_chat and not lm.is_chat:
@@ -81,8 +112,9 @@ def encode_prompt(
         ids = tok(prompt, add_special_tokens=True)["input_ids"]
     if len(ids) + 1 > lm.max_context:
         raise PromptError(
-            f"The prompt is {len(ids):,} tokens but {lm.name} reads at most "
-            f"{lm.max_context:,}: shorten it."
+            f"The prompt is {len(ids):,} tokens, and {lm.name} reads at most "
+            f"{lm.max_context:,} with the token it writes: shorten it to "
+            f"{lm.max_context - 1:,} tokens or fewer."
         )
     return list(ids)
 
@@ -192,6 +224,11 @@ class Decoder:
             prompt=self.prompt,
             prompt_ids=list(self.prompt_ids),
             prompt_tokens=tokens,
+            prompt_hex={
+                str(i): h
+                for i, t in enumerate(self.prompt_ids)
+                if (h := token_hex(self.lm.tokenizer, t)) is not None
+            },
         )
         self.trace.extra["prompt_roles"] = self.prompt_roles.tolist()  # replay's gravity reads it
         if self.eviction is not None:
@@ -506,6 +543,14 @@ class Decoder:
         must = torch.cat([kept, torch.tensor([token])])  # the chosen token is always recorded
         cand, tail_lse = top_candidates(logits, self.settings.record_k, include=must)  # (K',)
         lse = torch.logsumexp(logits, 0)
+        outside = torch.ones(logits.numel(), dtype=torch.bool)
+        outside[cand] = False
+        # the unrecorded tail, summarised so that replay can bound it at any temperature;
+        # full-mode gravity moves it too, so its range of G per bin comes along
+        g_tail = (
+            gravity[outside] if gravity is not None and self.params.gravity_mode == "full" else None
+        )
+        tail = summarize_tail(logits[outside], g_tail)
         hit = (cand == token).nonzero()
         stage_probs = {
             name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()
@@ -520,6 +565,7 @@ class Decoder:
             position=len(self.ids),
             token_id=int(token),
             token_text=self.lm.tokenizer.decode([int(token)]),
+            token_hex=token_hex(self.lm.tokenizer, int(token)),
             entropy=float(result.entropy_raw),
             varentropy=float(result.varentropy_raw),
             entropy_sampled=float(result.entropy_sampled),
@@ -545,6 +591,7 @@ class Decoder:
             t_semviz=0.0,
             gravity=None if gravity is None else gravity[cand].float().cpu(),
             final_tail_mass=max(0.0, 1.0 - float(final[cand].double().sum())),
+            tail=tail,
             fallback=result.fallback,
             eviction=self._pending_eviction,
             **_lens_fields(fw.lens),
@@ -653,6 +700,28 @@ def _copy_state(v):
     if isinstance(v, dict):
         return {k: _copy_state(x) for k, x in v.items()}
     return v
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_hex(tokenizer, token_id: int) -> str | None:
+    """The token's bytes in hex when they are not UTF-8 alone (a piece of a character of a
+    byte-level vocabulary), else None: the record's text then keeps every byte."""
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    table = _byte_decoder()
+    if not isinstance(piece, str) or not piece or any(c not in table for c in piece):
+        return None  # not a byte-level piece (a special token, or another tokenizer kind)
+    raw = bytes(table[c] for c in piece)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.hex()
+    return None
 
 
 def top_candidates(

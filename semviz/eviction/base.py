@@ -86,6 +86,7 @@ __all__ = [
 
 RULES = ("budget", "threshold", "window")
 MAX_BUDGET = 2**31 - 1  # budgets are recorded as int32
+MIN_FRACTION = 1e-4  # a smaller fraction keeps one token of any text semviz reads
 _RULE = {r: i for i, r in enumerate(RULES)}
 REGRET_METHOD = "frozen share at eviction, decayed by regret_decay per step; R/(1+R)"
 
@@ -235,8 +236,10 @@ def _check_budget_value(v: Any, name: str) -> float | int:
         if v > MAX_BUDGET:
             raise ValueError(f"{name} must be at most {MAX_BUDGET:,} tokens, got {v!r}")
         return int(v)
-    if v <= 0:
-        raise ValueError(f"{name} must be a token count >= 1 or a fraction in (0, 1), got {v!r}")
+    if v < MIN_FRACTION:
+        raise ValueError(
+            f"{name} must be a token count >= 1 or a fraction in [{MIN_FRACTION:g}, 1), got {v!r}"
+        )
     return float(v)
 
 

@@ -295,11 +295,45 @@ def _score(runs: list[_Run], step: TeacherStep, ids: list[int], ref: _Reference)
         run.seconds += share + step.policy_seconds[r]
 
 
+MAX_ROWS = 64  # policies × budgets in one kv-eval
+MEMORY_BUDGET = 1 << 30  # bytes one kv-eval's batch may hold: rows are batched to fit
+
+
+def row_bytes(lm, n_tokens: int, prefill: int) -> int:
+    """An upper estimate of one row's memory in a batch: its cache before eviction (every
+    token), and the float32 logits of its largest forward with their log-softmax."""
+    kv = n_tokens * kv_bytes_per_token(lm.summary())
+    logits = 2 * max(prefill, 1) * int(lm.model.config.vocab_size) * 4
+    return kv + logits
+
+
+def _unique(values: Sequence[Any]) -> list[Any]:
+    """In order, each value once (a per-layer budget is a tuple, a list is made one)."""
+    out: list[Any] = []
+    for v in values:
+        v = tuple(v) if isinstance(v, list) else v
+        if not any(type(v) is type(w) and v == w for w in out):
+            out.append(v)
+    return out
+
+
 def _runs(
     policies: Sequence[Any], budgets: Sequence[Value], kw: dict[str, dict]
 ) -> tuple[list[_Run], bool]:
     """The table's rows: every named policy at every budget (``full`` is the reference),
-    then the ready policies as given; and whether the reference row is wanted."""
+    then the ready policies as given; and whether the reference row is wanted. Repeated
+    names and budgets count once; at most ``MAX_ROWS`` rows."""
+    names = [p for p in policies if isinstance(p, str)]
+    policies = list(dict.fromkeys(names)) + [p for p in policies if not isinstance(p, str)]
+    budgets = _unique(budgets)
+    n_rows = sum(p != "full" for p in policies if isinstance(p, str)) * len(budgets) + sum(
+        not isinstance(p, str) for p in policies
+    )
+    if n_rows > MAX_ROWS:
+        raise ValueError(
+            f"kv-eval runs at most {MAX_ROWS} rows (policies × budgets); this asks for "
+            f"{n_rows:,}: give fewer policies or budgets"
+        )
     runs = []
     for b in budgets:
         for p in policies:
@@ -343,7 +377,16 @@ class KVEval:
         self.runs, self.want_full = _runs(policies, budgets, policy_kwargs or {})
         for r in self.runs:  # settings the model cannot take fail here, before any forward
             r.policy.reset(lm)
-        size = batch_size or max(len(self.runs), 1)
+        # memory is estimated before the run: rows are batched so that a batch fits
+        self.row_bytes = row_bytes(lm, len(self.ids), self.prefill)
+        if self.row_bytes > MEMORY_BUDGET:
+            raise ValueError(
+                f"kv-eval of {len(self.ids):,} tokens (prefill {self.prefill:,}) needs about "
+                f"{self.row_bytes / 2**20:,.0f} MiB a row, more than the "
+                f"{MEMORY_BUDGET / 2**20:,.0f} MiB it may take: read fewer tokens or prefill less"
+            )
+        fit = max(1, MEMORY_BUDGET // self.row_bytes)
+        size = min(batch_size or max(len(self.runs), 1), fit)
         self.groups = [self.runs[i : i + size] for i in range(0, len(self.runs), size)]
         self.schedule = _schedule(len(self.ids), self.prefill)
         self.total = len(self.ids) * max(len(self.groups), 1)
@@ -449,6 +492,10 @@ def kv_eval(
 
     Returns
     -------
+    Repeated policies and budgets run once; more than ``MAX_ROWS`` rows, or a row whose
+    estimated memory (:func:`row_bytes`) exceeds ``MEMORY_BUDGET``, raise ``ValueError``
+    before any forward; rows are batched so that a batch's estimate fits ``MEMORY_BUDGET``.
+
     One dict per (policy, budget): ``policy``, ``budget``, ``tokens`` (predictions scored),
     ``ppl``, ``nll``, ``top1_agree`` and ``kl`` (mean KL(full ‖ policy), nats) against the
     full cache, ``peak_cache_bytes``, ``mean_cache_len``, ``evicted_mass`` (mean exact share of

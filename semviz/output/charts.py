@@ -447,7 +447,7 @@ def step_frame(trace: Trace, results: Sequence[PruneResult] | None = None, chose
         rows.append(
             {
                 "step": i,
-                "token": rec.token_text,
+                "token": rec.token_text if rec.token_hex is None else style.step_token(rec),
                 "entropy": res.entropy_raw if res is not None else rec.entropy,
                 "varentropy": res.varentropy_raw if res is not None else rec.varentropy,
                 "entropy_sampled": res.entropy_sampled if res is not None else rec.entropy_sampled,

@@ -92,7 +92,11 @@ def read_bytes(path: str | Path, limit: int) -> bytes:
     """The whole file, refused when it is larger than ``limit`` bytes (never read past it)."""
     with _open_regular(path) as f:
         try:
-            data = f.read(limit + 1)
+            # the file's size, not the limit, sizes the buffer: a small file costs its bytes
+            want = min(os.fstat(f.fileno()).st_size, limit) + 1
+            data = f.read(want)
+            if len(data) == want <= limit:  # it grew since: read on up to the limit
+                data += f.read(limit + 1 - want)
         except OSError as exc:
             raise FileError(f"cannot read {path}: {_why(exc)}") from None
     if len(data) > limit:

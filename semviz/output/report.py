@@ -122,7 +122,11 @@ def _printable(text: str) -> str:
 def _labeler(trace: Trace, tokenizer) -> Callable[[Sequence[int]], list[str]]:
     known = {int(i): t for i, t in zip(trace.prompt_ids, trace.prompt_tokens, strict=False)}
     known.update({s.token_id: s.token_text for s in trace.steps})
-    memo: dict[int, str] = {}
+    # a piece of a character shows as its bytes, which only the record knows
+    memo: dict[int, str] = {s.token_id: style.step_token(s) for s in trace.steps if s.token_hex}
+    for k, h in trace.prompt_hex.items():
+        if k.isdigit() and int(k) < len(trace.prompt_ids):
+            memo[int(trace.prompt_ids[int(k)])] = style.display_token("", h)
 
     def labels(ids: Sequence[int]) -> list[str]:
         out = []
@@ -256,7 +260,10 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
     steps = trace.steps
     rec = steps[sel]
     out = []
-    ctx_tokens = [_printable(t) for t in list(trace.prompt_tokens) + [s.token_text for s in steps]]
+    ctx_tokens = [
+        _printable(t) if (h := trace.prompt_hex.get(str(i))) is None else style.display_token(t, h)
+        for i, t in enumerate(trace.prompt_tokens)
+    ] + [_printable(s.token_text) if s.token_hex is None else style.step_token(s) for s in steps]
     if rec.attention is not None:
         pos = rec.cache_positions.long().tolist()
         out.append(View(
@@ -395,16 +402,47 @@ def _shade(v: float) -> str:
 
 
 def _text_html(trace: Trace) -> str:
-    parts = [f'<span class="prompt">{_e("".join(trace.prompt_tokens))}</span>']
-    for s in trace.steps:
+    parts = [f'<span class="prompt">{_e(trace.prompt_text)}</span>']
+    for group in _whole_characters(trace.steps):
+        s = group[0]
         p = s.chosen_prob
         v = 1.0 - (p if math.isfinite(p) else 0.0)
         tip = f"step {s.index} · p={p:.3f} · H={s.entropy:.2f} nats · kept {s.n_kept}"
+        if len(group) > 1:  # one character spread over tokens: one span, the first's shade
+            tip = f"steps {s.index}–{group[-1].index} (one character) · " + tip.split(" · ", 1)[1]
+        raw = b"".join(_bytes(r) for r in group)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:  # the run stopped mid-character: show the bytes
+            text = style.display_token("", raw)
         parts.append(
             f'<span class="tok" title="{_e(tip)}" style="background:{_shade(v)}">'
-            f"{_e(s.token_text) or '∅'}</span>"
+            f"{_e(text) or '∅'}</span>"
         )
     return "".join(parts)
+
+
+def _bytes(rec) -> bytes:
+    return bytes.fromhex(rec.token_hex) if rec.token_hex else rec.token_text.encode()
+
+
+def _whole_characters(steps) -> list[list]:
+    """Steps grouped so that each group's bytes are whole UTF-8 characters (a token that is
+    a piece of a character joins the next ones until the character is complete)."""
+    groups: list[list] = []
+    buf: list = []
+    for s in steps:
+        buf.append(s)
+        try:
+            b"".join(_bytes(r) for r in buf).decode("utf-8")
+        except UnicodeDecodeError:
+            if len(buf) < 4:  # a UTF-8 character is at most 4 bytes: at most 4 tokens
+                continue
+        groups.append(buf)
+        buf = []
+    if buf:
+        groups.append(buf)
+    return groups
 
 
 def _table(rows: Sequence[tuple[str, object]]) -> str:
@@ -413,10 +451,16 @@ def _table(rows: Sequence[tuple[str, object]]) -> str:
 
 
 def _fmt(v) -> str:
+    """A table value: large numbers with thousands separators, never in e-notation
+    (``49150.0`` → ``49,150``); others to 4 significant digits.
+
+    >>> [_fmt(v) for v in (49150.0, 1234.5, 3.14159, 0.000123, None, 7)]
+    ['49,150', '1,234', '3.142', '0.000123', '–', '7']
+    """
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
     return str(v)
 
 
@@ -654,6 +698,10 @@ def _off_loop(fn, *args):
         return pool.submit(fn, *args).result()
 
 
+class PngExportError(RuntimeError):
+    """The images could not be made; the rest of the report is written (one sentence)."""
+
+
 # -- the bundle --------------------------------------------------------------------------------
 
 
@@ -749,11 +797,17 @@ def build(
     # all made before the first file is written
     page = report_html(trace, vs, selected=selected, whatif=whatif)
     say("writing report.html", 0.1)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    html_path = files.write_text(out / "report.html", page)
-    trace.save(out / "trace.json")
-    with files.atomic_path(out / "trace.parquet") as tmp:
-        trace.to_dataframe().to_parquet(tmp, index=False)
+    try:
+        html_path = files.write_text(out / "report.html", page)
+        trace.save(out / "trace.json")
+        with files.atomic_path(out / "trace.parquet") as tmp:
+            trace.to_dataframe().to_parquet(tmp, index=False)
+    except OSError:  # a full disk: a folder made here is not left behind half written
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     manifest = _manifest(trace, vs, selected, whatif)
     pngs: list[Path] = []
     stopped = False
@@ -767,9 +821,18 @@ def build(
         def sub(msg: str, frac: float) -> None:
             say(msg, 0.15 + 0.85 * frac)
 
-        pngs, manifest["png_engine"] = export_pngs(
-            vs, png_dir, engine=engine, html_path=html_path, progress=sub, should_stop=should_stop
-        )
+        try:
+            pngs, manifest["png_engine"] = export_pngs(
+                vs, png_dir, engine=engine, html_path=html_path, progress=sub,
+                should_stop=should_stop,
+            )  # fmt: skip
+        except Exception as exc:  # the browser would not start, or timed out
+            detail = (str(exc).strip().splitlines() or ["no detail"])[0][:120]
+            raise PngExportError(
+                f"the PNG export failed ({type(exc).__name__}: {detail});"
+                f" report.html, trace.json and trace.parquet are written in {out}: run again "
+                "with --no-png to skip the images"
+            ) from exc
         made = {p.stem for p in pngs}
         for c in manifest["charts"]:
             if c["name"] in made:

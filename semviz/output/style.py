@@ -76,6 +76,7 @@ __all__ = [
     "chip_background",
     "count",
     "display_token",
+    "step_token",
     "policy_color",
     "report_css",
     "rgba",
@@ -196,13 +197,29 @@ def mark_specials(text: str) -> str:
     return _SPECIAL.sub(lambda m: "⟨" + m.group(1) + "⟩", text)
 
 
-def display_token(text: str) -> str:
+def display_token(text: str, raw: str | bytes | None = None) -> str:
     """A token as a reader can see it: whitespace as glyphs, special tokens in ⟨ ⟩.
 
     Spaces become ``·``, newlines ``↵``, tabs ``⇥``; ``<|im_start|>`` becomes ``⟨im_start⟩``;
     other control and format characters are escaped (``\\x0c``), since a raw one makes an
-    exported SVG, and so the PNG, invalid. The empty token is ``∅``.
+    exported SVG, and so the PNG, invalid. The empty token is ``∅``. ``raw`` is the token's
+    bytes (or their hex, as a record keeps them) when they are not UTF-8 alone, a piece of a
+    character: each run of bytes that is no character shows as its bytes, ``<E6 97>``.
+
+    >>> display_token("\ufffd", "20e697")
+    '·<E6 97>'
     """
+    if raw is not None:
+        b = bytes.fromhex(raw) if isinstance(raw, str) else bytes(raw)
+        parts = re.split(r"([\udc80-\udcff]+)", b.decode("utf-8", "surrogateescape"))
+        return (
+            "".join(
+                display_token(part) if i % 2 == 0 else _byte_run(part)
+                for i, part in enumerate(parts)
+                if part
+            )
+            or "∅"
+        )
     if text == "":
         return "∅"
     out = []
@@ -215,6 +232,17 @@ def display_token(text: str) -> str:
         else:
             out.append(repr(c)[1:-1])
     return "".join(out)
+
+
+def _byte_run(part: str) -> str:
+    """Undecodable bytes (as ``surrogateescape`` left them) shown as ``<E6 97>``."""
+    return "<" + " ".join(f"{ord(c) - 0xDC00:02X}" for c in part) + ">"
+
+
+def step_token(rec) -> str:
+    """A recorded step's token for per-token views (:func:`display_token` of its text,
+    its bytes where it is a piece of a character)."""
+    return display_token(rec.token_text, getattr(rec, "token_hex", None))
 
 
 # -- CSS ---------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ Tensors are written to JSON as base64 of their raw bytes with dtype and shape, s
 trip is bit-exact.
 
 Reading a trace is strict, because a trace file is input from anyone: ``Trace.load`` and
-``Trace.from_json`` refuse files over ``MAX_BYTES`` and JSON nested deeper than ``MAX_DEPTH``,
-accept only the integer format version, and ``Trace.validate`` checks every field's type,
-dtype, shape and range and the fields' consistency (``cand_logits`` as long as ``cand_ids``,
+``Trace.from_json`` refuse files over ``MAX_BYTES``, with more than ``MAX_ELEMENTS`` JSON
+elements (counted before parsing) or nested deeper than ``MAX_DEPTH``, and free-form ``extra``
+fields of more than ``MAX_EXTRA_ELEMENTS`` values, so a read takes at most ``READ_BUDGET`` of
+memory; they accept only the integer format version, and ``Trace.validate`` checks every
+field's type, dtype, shape and range and the fields' consistency (``cand_logits`` as long as ``cand_ids``,
 ``chosen_rank`` pointing at ``token_id``, attention ``(L, H, S)`` over the
 ``cache_positions``, …). Token ids are checked against a vocabulary size: the one the caller
 passes (``vocab_size=``, from the model it will use the trace with), else the one the trace
@@ -26,6 +28,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,8 +39,10 @@ import torch
 from semviz.output import files
 
 FORMAT = "semviz-trace"
-FORMAT_VERSION = 2  # 2: the lens fields (residual, residual_last, head_out, attn_metrics)
-READ_VERSIONS = (1, 2)  # a version 1 trace is a version 2 trace without the lens fields
+# 2: the lens fields (residual, residual_last, head_out, attn_metrics); 3: each step's tail
+# summary (tail) and the bytes of tokens that are pieces of a character (token_hex, prompt_hex)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)  # older traces lack the later fields, which are optional
 LENS_FIELDS = ("residual", "residual_last", "head_out", "attn_metrics")
 # per head of each layer (semviz.model.capture.attention_metrics): attention entropy and
 # varentropy (nats, nats²), head agreement and interaction strength, as entropix defines them
@@ -45,6 +50,15 @@ ATTENTION_METRICS = ("entropy", "varentropy", "agreement", "interaction")
 TOP = 64
 MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB, ~63 with the lens
 MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
+# JSON elements (values, counted by their separators) a file may hold: a step writes about 80,
+# its tensors being single base64 strings, so this is over 10,000 steps; it bounds the Python
+# objects a parse makes (a list of small lists costs ~100 bytes an element), so that a read
+# stays within READ_BUDGET
+MAX_ELEMENTS = 1_000_000
+MAX_EXTRA_ELEMENTS = 10_000  # each free-form ``extra`` (a step's, the trace's)
+# what reading a trace may take at most: the file's bytes, the parsed objects, the tensors
+# decoded from base64 (3/4 of their text) and the validation's copies
+READ_BUDGET = 3 * MAX_BYTES + 200 * MAX_ELEMENTS
 ID_LIMIT = 2**31  # ids and positions are stored as int32
 
 
@@ -250,6 +264,22 @@ def _obj(v: Any, where: str) -> dict:
     return v
 
 
+def _check_extra(v: Any, where: str) -> None:
+    """A free-form field: an object of at most ``MAX_EXTRA_ELEMENTS`` values in all."""
+    _obj(v, where)
+    stack, n = [v], 0
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+            n += len(x)
+        elif isinstance(x, list):
+            stack.extend(x)
+            n += len(x)
+        if n > MAX_EXTRA_ELEMENTS:
+            raise _bad(where, f"holds more than {MAX_EXTRA_ELEMENTS:,} values")
+
+
 def _list(v: Any, where: str) -> list:
     if not isinstance(v, list):
         raise _bad(where, f"expected a list, got {_kind(v)}")
@@ -391,6 +421,65 @@ def _check_eviction(ev: Any, where: str) -> None:
         _tensor(sc, f"{where}.scores", (torch.float16, torch.float32), shape)
 
 
+def _join_bytes(texts: list[str], hexes: list[str | None]) -> str:
+    """Token texts joined byte-wise: a token's hex bytes where it has them, else its text."""
+    return b"".join(
+        bytes.fromhex(h) if h is not None else t.encode("utf-8", "replace")
+        for t, h in zip(texts, hexes, strict=True)
+    ).decode("utf-8", "replace")
+
+
+MAX_TOKEN_BYTES = 256  # one token's bytes; a vocabulary's longest are far shorter
+_HEX = re.compile(r"(?:[0-9a-f]{2})*")
+
+_TAIL_KEYS = {"top", "bottom", "width", "dead", "counts", "lse"}
+
+
+def _check_tail(t: Any, where: str, outside: int | None) -> None:
+    """The tail summary: bins of a positive width from ``top`` down to ``bottom``, their
+    counts (with the ``-inf`` tokens in ``dead``, as many as the candidates leave) and
+    logsumexps, each within its bin's edges; optionally each bin's range of ``G``."""
+    from semviz.sampling.tail import MAX_BINS
+    from semviz.sampling.tail import edges as tail_edges
+
+    _obj(t, where)
+    keys = set(t)
+    if not _TAIL_KEYS <= keys <= _TAIL_KEYS | {"g_lo", "g_hi"}:
+        raise _bad(where, "a tail summary has the keys top, bottom, width, dead, counts, lse "
+                          "(and g_lo, g_hi)")  # fmt: skip
+    _float(t["width"], f"{where}.width", 1e-6, 1e3)
+    top, bottom = _float(t["top"], f"{where}.top"), _float(t["bottom"], f"{where}.bottom")
+    if bottom > top:
+        raise _bad(f"{where}.bottom", f"{bottom:g} is above the top {top:g}")
+    counts = _tensor(t["counts"], f"{where}.counts", torch.int32, (None,))
+    n_bins = counts.numel()
+    if n_bins > MAX_BINS:
+        raise _bad(f"{where}.counts", f"has {n_bins} bins, more than {MAX_BINS}")
+    _in_range(counts, f"{where}.counts", 0, ID_LIMIT - 1, "counts")
+    dead = _int(t["dead"], f"{where}.dead", 0)
+    total = int(counts.long().sum()) + dead
+    if outside is not None and total != outside:
+        raise _bad(f"{where}.counts", f"count {total:,} tokens, but {outside:,} lie outside the "
+                                      "candidates")  # fmt: skip
+    lse = _tensor(t["lse"], f"{where}.lse", torch.float32, (n_bins,))
+    if bool(torch.isnan(lse).any()) or bool((lse == math.inf).any()):
+        raise _bad(f"{where}.lse", "holds NaN or +inf")
+    if bool(((counts > 0) != torch.isfinite(lse)).any()):
+        raise _bad(f"{where}.lse", "must be finite exactly where a bin holds tokens")
+    lower, upper = tail_edges(t)
+    m = lse.double() - torch.log(counts.double().clamp(min=1))  # log of the bin's mean e^x
+    slack = 1e-3 * (1 + m.abs())
+    if bool((((m < lower - slack) | (m > upper + slack)) & (counts > 0)).any()):
+        raise _bad(f"{where}.lse", "a bin's mean lies outside its edges")
+    if "g_lo" in t or "g_hi" in t:
+        g_lo = _tensor(t.get("g_lo"), f"{where}.g_lo", torch.float32, (n_bins,))
+        g_hi = _tensor(t.get("g_hi"), f"{where}.g_hi", torch.float32, (n_bins,))
+        if not bool(torch.isfinite(g_lo).all() and torch.isfinite(g_hi).all()):
+            raise _bad(f"{where}.g_lo", "holds NaN or inf")
+        if bool((g_lo > g_hi).any()):
+            raise _bad(f"{where}.g_lo", "is above g_hi")
+
+
 def _any_shape(v: Any) -> tuple:
     return (None,) * v.dim() if isinstance(v, torch.Tensor) else ()
 
@@ -406,6 +495,10 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
         )
     _int(rec.token_id, f"{w}.token_id", 0, ctx.vocab - 1)
     _str(rec.token_text, f"{w}.token_text")
+    if rec.token_hex is not None:
+        _str(rec.token_hex, f"{w}.token_hex")
+        if len(rec.token_hex) > 2 * MAX_TOKEN_BYTES or not _HEX.fullmatch(rec.token_hex):
+            raise _bad(f"{w}.token_hex", f"must be up to {MAX_TOKEN_BYTES} bytes in hex")
     for k in ("entropy", "varentropy", "entropy_sampled", "free_energy", "lse"):
         _float(getattr(rec, k), f"{w}.{k}")
     _float(rec.temperature, f"{w}.temperature", 0.0)
@@ -458,7 +551,9 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     if rec.eviction is not None:
         _check_eviction(rec.eviction, f"{w}.eviction")
     _check_lens(rec, w, ctx)
-    _obj(rec.extra, f"{w}.extra")
+    if rec.tail is not None:
+        _check_tail(rec.tail, f"{w}.tail", ctx.vocab - k if ctx.vocab < ID_LIMIT else None)
+    _check_extra(rec.extra, f"{w}.extra")
 
 
 def _finite(t: torch.Tensor, where: str) -> None:
@@ -530,6 +625,8 @@ class StepRecord:
     t_semviz: float  # seconds in semviz's own work for this step
     gravity: torch.Tensor | None = None  # (K,) float32 normalised G over the candidates
     final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
+    tail: dict | None = None  # the logits outside cand_ids, binned (semviz.sampling.tail)
+    token_hex: str | None = None  # the token's bytes in hex, when they are not UTF-8 alone
     fallback: str | None = None
     eviction: dict | None = None
     # the lens (semviz.analysis.lens), at the position that chose this token:
@@ -595,12 +692,21 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=list)
     prefill_seconds: float = 0.0
     stop_reason: str | None = None
+    # prompt tokens that are pieces of a character: their bytes in hex, by place ("3": "e697")
+    prompt_hex: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
+    def prompt_text(self) -> str:
+        """The prompt as the model read it (chat template included), its tokens' bytes joined."""
+        return _join_bytes(self.prompt_tokens, [self.prompt_hex.get(str(i)) for i in
+                                                range(len(self.prompt_tokens))])  # fmt: skip
+
+    @property
     def text(self) -> str:
-        """The generated text (token texts joined)."""
-        return "".join(s.token_text for s in self.steps)
+        """The generated text: the tokens' bytes joined, then decoded, so a character split
+        over tokens reads whole (as the tokenizer's decode of the ids does)."""
+        return _join_bytes([s.token_text for s in self.steps], [s.token_hex for s in self.steps])
 
     @property
     def token_ids(self) -> list[int]:
@@ -650,9 +756,16 @@ class Trace:
             raise _bad("prompt_tokens", f"has {len(toks)} entries for {len(ids)} prompt_ids")
         for i, t in enumerate(toks):
             _str(t, f"prompt_tokens[{i}]")
+        _obj(self.prompt_hex, "prompt_hex")
+        for k, h in self.prompt_hex.items():
+            if not (k.isdigit() and int(k) < len(toks)):
+                raise _bad("prompt_hex", f"names no prompt token: {_short(k)}")
+            _str(h, f"prompt_hex[{k}]")
+            if len(h) > 2 * MAX_TOKEN_BYTES or not _HEX.fullmatch(h):
+                raise _bad(f"prompt_hex[{k}]", f"must be up to {MAX_TOKEN_BYTES} bytes in hex")
         _float(self.prefill_seconds, "prefill_seconds", 0.0)
         _opt_str(self.stop_reason, "stop_reason")
-        _obj(self.extra, "extra")
+        _check_extra(self.extra, "extra")
         ctx = _Shape(
             vocab=vocab,
             layers=self.model.get("num_layers"),
@@ -702,6 +815,15 @@ class Trace:
         """Parse and validate; at most ``max_bytes`` and ``MAX_DEPTH`` levels of nesting."""
         if len(text) > max_bytes:
             raise TraceError(f"the trace is larger than the {max_bytes / files.MiB:,.0f} MiB limit")
+        # an upper bound on the elements, counted before any object is made (separators
+        # inside strings count too; base64 has none)
+        seps = (",", "[", "{") if isinstance(text, str) else (b",", b"[", b"{")
+        n = sum(text.count(c) for c in seps)
+        if n > MAX_ELEMENTS:
+            raise TraceError(
+                f"the trace holds about {n:,} JSON elements, more than the {MAX_ELEMENTS:,} "
+                "a trace may have"
+            )
         try:
             d = json.loads(text, parse_constant=_no_constant)
         except RecursionError:

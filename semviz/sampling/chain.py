@@ -66,6 +66,7 @@ class _Work:
     s: Tensor | None = None  # (K,) adjusted score
     p_grav: Tensor | None = None  # (K,) softmax(s)
     h_s: float | None = None  # entropy of softmax(s), when a stage needs it
+    h_known: bool = False  # h_raw is the whole vocabulary's (a subset's caller gave it)
     block: Tensor | None = None  # (K,) the filters' input, masked to alive
     p_block: Tensor | None = None  # (K,) softmax(block)
     t_f: float = 1.0  # the temperature the filters see
@@ -93,6 +94,7 @@ def prune(
     state: SamplerState | None = None,
     tail_logsumexp: float | Tensor | None = None,
     raw_moments: tuple[float, float] | None = None,
+    tail_count: int = 0,
 ) -> PruneResult:
     """Run one step of the chain over an index set and record every stage.
 
@@ -106,7 +108,11 @@ def prune(
     tail_logsumexp : logsumexp of every logit NOT in the set, when ``logits`` is a subset.
     raw_moments : the full vocabulary's raw (entropy, varentropy) in nats, when the caller
         knows them (a recorded step does): used instead of the subset's lower bound, for the
-        result, the fallback rule and the state's entropy history.
+        result, the fallback rule and the state's entropy history, and, while no gravity
+        changes the scores, for the entropy that adaptive temperature and the free-energy
+        filter read.
+    tail_count : finite tokens outside the set, which dynatemp counts as the whole
+        vocabulary's run does.
 
     With a subset, raw probabilities are exact (the tail's mass is known) and the raw
     entropy/varentropy treat the tail as one lumped outcome, a lower bound. The tail is then
@@ -129,6 +135,7 @@ def prune(
     w = _raw(x, tail_logsumexp)
     if raw_moments is not None:
         w.h_raw, w.v_raw = (torch.tensor(float(m)) for m in raw_moments)
+        w.h_known = True
     g = _check_gravity(gravity, x)
     dominance = None
     if g is not None and params.gravity_lambda != 0.0:
@@ -145,7 +152,7 @@ def prune(
     if eff.temperature == 0.0:
         t = 0.0
     elif eff.order == "hf" or eff.adaptive != "dynatemp":
-        t = adaptive_temperature(eff, w.s, w.h_s)
+        t = adaptive_temperature(eff, w.s, w.h_s, n_extra=0 if w.s is not x else tail_count)
     else:
         t = math.nan  # llama.cpp dynatemp: decided on the survivors
     greedy = eff.temperature == 0.0 or t < T_GREEDY  # NaN compares False
@@ -241,7 +248,9 @@ def _gravity(w: _Work, eff: PruneParams, g: Tensor | None, *, tail: bool) -> Non
         w.p_grav, logp_s = (None if tail else w.p_raw), w.logp_raw
     if eff.free_energy or eff.adaptive != "none":
         h_s_t, _, logp_s, p_s = entropy_parts(w.s)
-        w.h_s = float(h_s_t)
+        # with the raw scores unchanged, softmax(s) is the raw distribution: a subset then
+        # reads the whole vocabulary's entropy, as the live run did, not the subset's
+        w.h_s = float(w.h_raw) if (w.h_known and w.s is x) else float(h_s_t)
         w.p_grav = p_s if w.p_grav is None else w.p_grav
     if w.p_grav is None:
         w.p_grav = torch.softmax(w.s, -1)  # (K,)

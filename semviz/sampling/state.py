@@ -46,6 +46,7 @@ class SamplerState:
     tokens: list[int] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
     steps: int = 0
+    mu_estimated: bool = False  # mu came from an estimated probability (a replay's tail)
 
     def copy(self) -> SamplerState:
         return SamplerState(
@@ -54,9 +55,17 @@ class SamplerState:
             tokens=list(self.tokens),
             entropies=list(self.entropies),
             steps=self.steps,
+            mu_estimated=self.mu_estimated,
         )
 
-    def observe(self, result: PruneResult, index: int, token_id: int | None = None) -> None:
+    def observe(
+        self,
+        result: PruneResult,
+        index: int,
+        token_id: int | None = None,
+        q: float | None = None,
+        q_exact: bool = True,
+    ) -> None:
         """Advance the state with the token chosen at this step.
 
         Parameters
@@ -64,13 +73,16 @@ class SamplerState:
         result : the step's :class:`~semviz.sampling.PruneResult`.
         index : position of the chosen token in the index set.
         token_id : vocabulary id (defaults to ``index``, right for full-vocabulary logits).
+        q : the chosen token's final probability over the whole vocabulary, when ``result``
+            holds a subset (a replayed record); ``q_exact`` False marks it an estimate.
         """
         self.tokens.append(int(index if token_id is None else token_id))
         self.entropies.append(float(result.entropy_raw))
         self.last_temperature = float(result.temperature)
         self.steps += 1
         if result.mirostat_mu is not None:
-            q = float(result.index_probs["final"][index])
+            q = float(result.index_probs["final"][index]) if q is None else q
+            self.mu_estimated = self.mu_estimated or not q_exact
             surprise = -math.log2(max(q, 1e-45))  # bits
             self.mirostat_mu = result.mirostat_mu - result.mirostat_eta * (
                 surprise - result.mirostat_tau

@@ -72,7 +72,7 @@ def free_energy(scores: Tensor, temperature: float, kept: Tensor | None = None) 
 
 
 def adaptive_temperature(
-    params: PruneParams, scores: Tensor, entropy: float | None = None
+    params: PruneParams, scores: Tensor, entropy: float | None = None, n_extra: int = 0
 ) -> float:
     """Effective temperature for this step from the entropy of ``softmax(scores)`` (nats).
 
@@ -83,6 +83,8 @@ def adaptive_temperature(
     - ``dynatemp`` (llama.cpp): ``T = T_lo + (T_hi - T_lo)·(H/ln n)^exponent`` with
       ``T_lo = max(0, T0 - range)``, ``T_hi = T0 + range``, ``n`` finite candidates.
     - ``none``/``mirostat``: ``T0``.
+
+    ``n_extra`` counts finite tokens not in ``scores`` (a recorded subset's tail).
 
     >>> p = PruneParams(adaptive="target", target_entropy=0.0, controller_gain=0.1)
     >>> round(adaptive_temperature(p, torch.zeros(4)), 4)  # H = ln 4: cooled by 0.1·ln 4
@@ -101,7 +103,7 @@ def adaptive_temperature(
             return 0.0
         return t0 * params.edt_n ** (params.edt_theta / h)
     # dynatemp
-    n = int(torch.isfinite(scores).sum())
+    n = int(torch.isfinite(scores).sum()) + n_extra
     if n <= 1:
         return t0
     lo, hi = max(0.0, t0 - params.dynatemp_range), t0 + params.dynatemp_range

@@ -29,3 +29,12 @@ def test_page_opens_before_and_after_a_run(app, path):
     if path in _VIEWS:
         assert at.get("plotly_chart"), f"{path} drew no chart of the run"
     assert at.session_state["semviz"].decoder.n_steps == 4  # opening a page changes no run
+
+
+def test_presenter_counts_the_steps_of_the_run(app):
+    # a 4-step run: its last step is number 3 of 4, not "3 of 3"
+    at = app.switch_page("app_pages/presenter.py").run()
+    run_steps(at, 4)
+    at.switch_page("app_pages/presenter.py").run()
+    bodies = [str(getattr(e, "proto", e)) for e in at.get("html")]
+    assert any("Step 3 of 4 (numbered 0–3)" in b for b in bodies), bodies[:2]

@@ -149,6 +149,18 @@ def test_a_bug_is_one_line_naming_it(monkeypatch, capsys):
     assert "something inside\\nspanning lines" in err and "SEMVIZ_DEBUG=1" in err
 
 
+def test_out_of_memory_names_what_to_give_less_of(monkeypatch, capsys):
+    import semviz.cli.replay as replay_cli
+
+    def big(args):
+        raise MemoryError
+
+    monkeypatch.setattr(replay_cli, "run", big)
+    rc, err = _err(["replay", "x.json"], capsys)
+    assert (rc, err) == (2, "semviz replay: out of memory; the trace is too large to replay "
+                            "in this machine's memory; try a shorter run.\n")  # fmt: skip
+
+
 def test_a_prompt_that_is_not_utf8_is_refused(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "semviz", "trace", "--prompt", b"caf\xe9", "--out", "t.json"],
@@ -157,3 +169,103 @@ def test_a_prompt_that_is_not_utf8_is_refused(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr == "semviz trace: argument --prompt: is not valid UTF-8 text\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.sampling import PruneParams
+
+    # 16 candidates of a near-flat tiny model: a hot replay's draws land in the tail
+    dec = Decoder(tiny_lm, "Hello there", PruneParams(temperature=0.8),
+                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False))  # fmt: skip
+    dec.run(8)
+    path = tmp_path / "t.json"
+    dec.trace.save(path)
+    assert main(["replay", str(path), "--temperature", "0.8", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["approximate_steps"] == 0 and not any("approximate" in r for r in same["rows"])
+    assert main(["replay", str(path), "--temperature", "2.0", "--json"]) == 0
+    hot = json.loads(capsys.readouterr().out)
+    marked = [r for r in hot["rows"] if r.get("approximate")]
+    assert hot["approximate_steps"] == len(marked) > 0
+    assert all(r["why"].startswith("the ") for r in marked)
+    assert main(["replay", str(path), "--temperature", "2.0"]) == 0
+    text = capsys.readouterr().out
+    assert f"{len(marked)} approximate (~)" in text
+
+
+@pytest.mark.real_model
+def test_a_trace_naming_the_default_model_with_another_vocabulary_is_refused(
+    tiny_lm, tmp_path, capsys
+):
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.model.load import DEFAULT_MODEL
+    from semviz.sampling import PruneParams
+
+    dec = Decoder(tiny_lm, "Hello", PruneParams(), DecodeSettings(max_new_tokens=2, capture=False))
+    dec.run(2)
+    dec.trace.model.update(name=DEFAULT_MODEL, vocab_size=50_000)
+    for rec in dec.trace.steps:  # the tail summaries would count the vocabulary too
+        rec.tail = None
+    path = tmp_path / "t.json"
+    dec.trace.save(path)
+    rc, err = _err(["replay", str(path), "--temperature", "1.3"], capsys)
+    assert rc == 2 and err == (
+        f"semviz replay: the trace names {DEFAULT_MODEL}, whose vocabulary has 49,152 tokens, "
+        "but records 50,000: pass --model with the model the trace was made with\n"
+    )
+
+
+def _trace_argv(tiny_dir, out, *extra: str) -> list[str]:
+    return ["trace", "--model", str(tiny_dir), "--prompt", "Hello there", "--out", str(out),
+            "--steps", "6", "--record-k", "64", *extra]  # fmt: skip
+
+
+def test_trace_size_is_estimated_from_above(tiny_lm, tiny_dir, tmp_path, capsys):
+    from semviz.cli.trace import estimate_bytes
+    from semviz.decoding.decoder import encode_prompt
+
+    out = tmp_path / "t.json"
+    assert main(_trace_argv(tiny_dir, out, "--json")) == 0
+    n_prompt = len(encode_prompt(tiny_lm, "Hello there"))
+    est = estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, True)
+    size = out.stat().st_size
+    assert size <= est <= 3 * size
+    assert estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, False) < est
+
+
+def test_trace_leaves_attention_out_before_a_file_replay_cannot_read(
+    tiny_dir, tmp_path, capsys, monkeypatch
+):
+    from semviz.output import trace as trace_mod
+
+    monkeypatch.setattr(trace_mod, "MAX_BYTES", 70_000)  # over with attention, under without
+    out = tmp_path / "t.json"
+    assert main(_trace_argv(tiny_dir, out, "--steps", "8", "--record-k", "16", "--json")) == 0
+    err = capsys.readouterr().err
+    assert "semviz trace: attention and the lens left out: with them the trace would be" in err
+    t = trace_mod.Trace.load(out)
+    assert len(t.steps) == 8 and all(s.attention is None for s in t.steps)
+    monkeypatch.setattr(trace_mod, "MAX_BYTES", 30_000)
+    rc, err = _err(_trace_argv(tiny_dir, tmp_path / "u.json", "--steps", "8", "--force"), capsys)
+    assert rc == 2 and "MiB a trace may be: ask for fewer --steps or a smaller --record-k" in err
+    assert not (tmp_path / "u.json").exists()
+
+
+def test_ctrl_c_keeps_the_tokens_made_so_far(tiny_dir, tmp_path, capsys, monkeypatch):
+    from semviz.decoding.decoder import Decoder
+    from semviz.output.trace import Trace
+
+    real = Decoder.step
+
+    def step(self, *a, **kw):
+        if len(self.trace.steps) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Decoder, "step", step)
+    out = tmp_path / "t.json"
+    assert main(_trace_argv(tiny_dir, out)) == 130
+    assert "stopped; the 3 tokens made so far are in" in capsys.readouterr().err
+    t = Trace.load(out)
+    assert len(t.steps) == 3 and t.stop_reason == "interrupted"

@@ -161,8 +161,25 @@ def test_bad_prompts_get_one_clear_sentence(tiny_lm):
     with pytest.raises(PromptError, match="The prompt is empty"):
         make(tiny_lm, "   ")
     long = "word " * 600  # the tiny model reads at most 512 tokens
-    with pytest.raises(PromptError, match=r"but .* reads at most 512"):
+    with pytest.raises(PromptError, match=r"tokens, and .* reads at most 512 with the token"):
         make(tiny_lm, long)
+    # exactly the context: no room for the token it writes
+    ids = [int(i) for i in tiny_lm.tokenizer("word " * 600, add_special_tokens=False)["input_ids"]]
+    exact = tiny_lm.tokenizer.decode(ids[:512])
+    assert len(encode_prompt(tiny_lm, tiny_lm.tokenizer.decode(ids[:511]), chat=False)) == 511
+    with pytest.raises(PromptError) as e:
+        encode_prompt(tiny_lm, exact, chat=False)
+    assert str(e.value).startswith("The prompt is 512 tokens, and ")
+    assert str(e.value).endswith("reads at most 512 with the token it writes: shorten it to 511 "
+                                 "tokens or fewer.")  # fmt: skip
+    # characters are counted before tokenising: 16 a token the model reads
+    with pytest.raises(PromptError, match=r"^The prompt is 8,193 characters, more than the 8,192"):
+        encode_prompt(tiny_lm, "x" * 8193)
+    with pytest.raises(PromptError, match=r"^The prompt holds a lone surrogate \(U\+D800 at "
+                                          r"character 3\), which is not text: remove it\.$"):  # fmt: skip
+        make(tiny_lm, "abc\ud800def")
+    with pytest.raises(PromptError, match=r"^The system prompt holds a lone surrogate"):
+        encode_prompt(tiny_lm, "hi", system_prompt="\udfff")
 
 
 def test_chat_template_is_on_by_default_for_chat_models(tiny_lm):

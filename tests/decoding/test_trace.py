@@ -296,3 +296,51 @@ def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, p
     d.run(10)
     again = rp.cached(store, d.trace, params)
     assert again.n == 13 and again.token_ids == rp.replay(d.trace, params).token_ids
+
+
+def _hostile(trace, n: int, depth: int = 3) -> str:
+    """A valid-looking trace whose first step's ``extra`` holds ``n`` small nested lists."""
+    d = _doc(trace)
+    d["steps"][0]["extra"] = {"x": "@many@"}
+    item = "[" * depth + "1" + "]" * depth
+    return json.dumps(d).replace('"@many@"', "[" + ",".join([item] * n) + "]")
+
+
+def test_a_trace_of_many_small_elements_is_refused_before_parsing(trace, tmp_path):
+    import tracemalloc
+
+    from semviz.output import trace as trace_mod
+
+    path = tmp_path / "many.json"
+    path.write_text(_hostile(trace, 600_000, depth=3))  # ~1.8 million elements, ~6 MB
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError) as e:
+            Trace.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value).startswith("many.json: the trace holds about 2,4")
+    assert str(e.value).endswith("JSON elements, more than the 1,000,000 a trace may have")
+    assert peak < 3 * size  # the file's bytes, never the objects a parse would make
+    # under the element limit, a step's free-form field is still bounded
+    with pytest.raises(TraceError, match=r"^steps\[0\]\.extra: holds more than 10,000 values"):
+        Trace.from_json(_hostile(trace, 20_000, depth=1))
+    assert trace_mod.READ_BUDGET == 3 * trace_mod.MAX_BYTES + 200 * trace_mod.MAX_ELEMENTS
+
+
+def test_a_parse_costs_at_most_200_bytes_an_element(trace):
+    import tracemalloc
+
+    text = _hostile(trace, 60_000, depth=3)  # 240,000 elements: parsed, then refused
+    n = sum(text.count(c) for c in ",[{")
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError, match="holds more than 10,000 values"):
+            Trace.from_json(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the objects a parse makes, per element, as READ_BUDGET allows them
+    assert peak < len(text) + 200 * n

@@ -187,3 +187,38 @@ def test_cli_table_and_user_errors(tiny_dir, tmp_path, capsys):
         assert main(base + extra) == 2
         assert word in capsys.readouterr().err
     assert main(["kv-eval", "--text", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_repeats_run_once_and_rows_are_capped(tiny_lm, ids):
+    out = ev.kv_eval(tiny_lm, ids[:12], ["window", "window", "full"], budgets=(4, 4, 0.5, 4))
+    assert [(r["policy"], r["budget"]) for r in out] == [
+        ("full", None),
+        ("window", 4),
+        ("window", 0.5),
+    ]
+    with pytest.raises(ValueError, match=r"^kv-eval runs at most 64 rows .* asks for 130"):
+        ev.kv_eval(tiny_lm, ids[:12], ["window", "h2o"], budgets=range(2, 67))
+
+
+def test_memory_is_estimated_before_the_run(tiny_lm, ids, monkeypatch):
+    from semviz.eviction import harness
+
+    per_row = harness.row_bytes(tiny_lm, 12, 1)
+    v = tiny_lm.model.config.vocab_size
+    from semviz.model.forward import kv_bytes_per_token
+
+    assert per_row == 12 * kv_bytes_per_token(tiny_lm.summary()) + 2 * v * 4
+    # a budget of two rows: three rows run in two batches, with the same numbers
+    monkeypatch.setattr(harness, "MEMORY_BUDGET", 2 * per_row)
+    run = harness.KVEval(tiny_lm, ids[:12], ["window", "h2o", "tova"], budgets=(4,))
+    assert [len(g) for g in run.groups] == [2, 1]
+    monkeypatch.setattr(harness, "MEMORY_BUDGET", per_row - 1)
+    with pytest.raises(ValueError, match=r"^kv-eval of 12 tokens \(prefill 1\) needs about"):
+        harness.KVEval(tiny_lm, ids[:12], ["window"], budgets=(4,))
+
+
+def test_a_vanishing_fraction_is_refused():
+    for text in ("1e-300", "0.00001", "0"):
+        with pytest.raises(ValueError, match=r"a fraction in \[0.0001, 1\)"):
+            ev.parse_budgets(text)
+    assert ev.parse_budgets("0.0001") == [0.0001]

@@ -141,3 +141,57 @@ def test_report_of_an_empty_run_and_bad_input(tiny_lm, tmp_path, capsys):
     assert "nope.json" in capsys.readouterr().err
     with pytest.raises(ValueError, match="engine"):
         report.export_pngs(rep.views, tmp_path, engine="gimp")
+
+
+def _small_trace(tiny_lm, tmp_path):
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+
+    dec = Decoder(tiny_lm, "The sea", settings=DecodeSettings(max_new_tokens=3, capture=False))
+    dec.run(3)
+    return dec.trace.save(tmp_path / "t.json")
+
+
+def test_a_png_failure_exits_2_suggesting_no_png_and_keeps_the_rest(
+    tiny_lm, tmp_path, capsys, monkeypatch
+):
+    from semviz.cli import main
+
+    path = _small_trace(tiny_lm, tmp_path)
+
+    def no_browser(*a, **kw):
+        raise TimeoutError("Timeout 30000ms exceeded.\n=== logs ===\nmore")
+
+    monkeypatch.setattr(report, "export_pngs", no_browser)
+    out = tmp_path / "rep"
+    rc = main(["report", "--trace", str(path), "--out", str(out)])
+    err = capsys.readouterr().err.splitlines()[-1]  # after the progress lines
+    assert rc == 2, err
+    assert err.startswith(
+        "semviz report: the PNG export failed (TimeoutError: Timeout 30000ms exceeded.); "
+        "report.html, trace.json and trace.parquet are written in "
+    )
+    assert err.endswith("run again with --no-png to skip the images")
+    assert {"report.html", "trace.json", "trace.parquet", "report.json"} <= {
+        p.name for p in out.iterdir()
+    }
+
+
+def test_a_full_disk_leaves_no_folder_behind(tiny_lm, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from semviz.cli import main
+    from semviz.output import files
+
+    path = _small_trace(tiny_lm, tmp_path)
+    real = files.write_text
+
+    def full(p, text, *a, **kw):
+        if str(p).endswith("trace.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(p, text, *a, **kw)
+
+    monkeypatch.setattr(files, "write_text", full)
+    out = tmp_path / "rep"
+    assert main(["report", "--trace", str(path), "--out", str(out), "--no-png"]) == 2
+    assert capsys.readouterr().err.endswith("semviz report: no space left on device\n")
+    assert not out.exists()
