@@ -121,7 +121,9 @@ class Executor:
     model : how Ray workers load the model.
     workers : Ray workers (actors); with no ``address`` a local Ray with that many CPUs starts.
     address : an existing Ray cluster to join (``"auto"`` or ``"host:port"``).
-    gpus_per_worker : GPUs each worker asks for; default 1 when CUDA is present here, else 0.
+    gpus_per_worker : GPUs each worker asks for; default one GPU each when the cluster (or
+        this machine, for a local Ray) has as many, an equal share when workers outnumber
+        them, none without GPUs.
     """
 
     def __init__(
@@ -278,10 +280,13 @@ class _RayPool:
             else:
                 ray.init(num_cpus=ex.workers, **kw)
             self.started = True
-        n = ex.workers or max(int(ray.cluster_resources().get("CPU", 1)), 1)
+        res = ray.cluster_resources()
+        n_gpu = float(res.get("GPU", 0))
+        # default: a worker per GPU, or per CPU on a cluster without GPUs
+        n = ex.workers or max(int(n_gpu if n_gpu >= 1 else res.get("CPU", 1)), 1)
         gpus = ex.gpus
-        if gpus is None:
-            gpus = 1.0 if _cuda() else 0.0
+        if gpus is None:  # the cluster's GPUs decide, not this (maybe GPU-less) driver's
+            gpus = min(1.0, n_gpu / n) if n_gpu >= 1 else 0.0  # more workers than GPUs share
         cls = ray.remote(_Worker).options(num_cpus=1, num_gpus=gpus, max_concurrency=2)
         self.actors = [cls.remote(ex.task, ex.model) for _ in range(n)]
 
@@ -331,12 +336,3 @@ class _RayPool:
         self.actors = []
         if self.started:
             self.ray.shutdown()
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # a driver without torch's CUDA runtime asks for no GPU
-        return False
