@@ -68,6 +68,20 @@ def text_arg(s: str) -> str:
     return s
 
 
+def ray_address(s: str) -> str:
+    """An argparse ``type=`` for a Ray cluster: ``auto``, ``local`` or ``[ray://]host:port``,
+    checked here so a typo is one line, not a wait for a cluster that is not there."""
+    rest = s.removeprefix("ray://")
+    if s in ("auto", "local"):
+        return s
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected auto, local or host:port (port 1 to 65535), got {s!r}"
+        )
+    return s
+
+
 def add_force_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace existing output files")
 

@@ -84,7 +84,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--workers", type=common.int_arg(1, 4096), default=None,
         help="run the batches on N Ray workers (a local Ray started here unless --address)",
     )  # fmt: skip
-    p.add_argument("--address", default=None, help="join this Ray cluster (e.g. auto, host:port)")
+    p.add_argument(
+        "--address",
+        type=common.ray_address,
+        default=None,
+        help="join this Ray cluster (auto, local or host:port)",
+    )
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the table as Markdown")

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from semviz.cli.common import add_model_args, int_arg, print_json, progress_bar
+from semviz.cli.common import add_model_args, int_arg, print_json, progress_bar, ray_address
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
 MAX_TEXT_BYTES = 64 << 20  # never read more of --text than this, whatever --tokens asks
@@ -46,7 +46,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--workers", type=int_arg(1, 4096), default=None,
         help="run the grid's (text, budget) shards on N Ray workers (a local Ray started here)",
     )  # fmt: skip
-    p.add_argument("--address", default=None, help="join this Ray cluster (e.g. auto, host:port)")
+    p.add_argument(
+        "--address",
+        type=ray_address,
+        default=None,
+        help="join this Ray cluster (auto, local or host:port)",
+    )
     p.add_argument(
         "--tokens", type=int_arg(2, 1 << 20), default=1024, help="tokens of the text to read"
     )

@@ -167,6 +167,8 @@ def _by_dest(cmd: str, dest: str, d: Path) -> list[tuple[str, str]]:
                                                              "1.5", "", ",")],
         ("kv-eval", "budgets"): [("budget: bad", v) for v in ("0,4", "x", "1e308", ",")],
         ("kv-eval", "policies"): [("policy: bad", v) for v in ("nope", "", ",", "full,nope")],
+        ("kv-eval", "address"): [("address: bad", v) for v in ("", "nohost", "host:", ":80",
+                                                              "host:99999", "ray://host")],
         ("kv-eval", "policy_arg"): [("policy: bad", v) for v in ("gravity.beta", "x=1",
                                                                  "window.nope=1", "nope.x=1")],
     }  # fmt: skip
