@@ -47,7 +47,8 @@ if "ui.runner" not in sys.modules and not any(t.name == WARM for t in threading.
     threading.Thread(target=_warm_imports, name=WARM, daemon=True).start()
 
 st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", layout="wide")
-page = st.navigation(nav.st_pages(), expanded=True)
+# in the header, so the sidebar holds only the settings and its sliders are on the first screen
+page = st.navigation(nav.st_pages(), position="top")
 nav.start_run(st.session_state, page.url_path)
 # a job decodes in the background between the page's runs (ui.runner): hold the session's
 # lock while the page draws, so no step lands in the middle of a drawing

@@ -10,7 +10,7 @@ import streamlit as st
 from ui import examples, nav
 
 # a link opened at the root with settings or a run in its query string belongs to Generate
-# (only when the session starts here: later visits come from the sidebar)
+# (only when the session starts here: later visits come from the navigation)
 first = "semviz" not in st.session_state and "settings" not in st.session_state
 if first and any(k not in ("embed", "embed_options") for k in st.query_params):
     st.switch_page(nav.GENERATE, query_params=st.query_params.to_dict())

@@ -1,11 +1,12 @@
 """Presenter mode: one step of the current run, sized for a lecture hall.
 
 The page fits one 1440×900 or 1920×1080 screen without scrolling: no sidebar or toolbar, big
-type at full contrast, large ◀ ▶ buttons that the ← → keys also press. The step shown is
-fixed when the page opens (the URL's ``step``, else the selected step) and does not follow
-new tokens. It shows what the other pages show: the what-if replay when the sliders differ
-from the run's, else the recorded run, and says which. A token taken from below the drawn
-candidates gets its own bar and a note. Leave with the link at the bottom.
+type at full contrast, large ◀ ▶ buttons that the ← → keys also press. The step shown is the
+selected step, which ◀ ▶ move. The URL carries it with the run's settings and length, so a
+presenter link opened alone regenerates the run and shows the same step; while a run grows,
+the step on show stays put. It shows what the other pages show: the what-if replay when the
+sliders differ from the run's, else the recorded run, and says which. A token taken from below
+the drawn candidates gets its own bar and a note. Leave with the link at the bottom.
 """
 
 import html
@@ -14,9 +15,7 @@ import streamlit as st
 
 from semviz.output import charts, report
 from ui import page as ui_page
-from ui import views, whatif
-from ui.errors import guard
-from ui.state import Settings, session, url_count
+from ui import runner, views
 
 SHOWN = 8  # candidates drawn; the token taken is added below them when it ranks lower
 CONTEXT_CHARS = 170  # about two lines of context at 1440 px
@@ -51,66 +50,44 @@ st.html(
 </style>"""
 )
 views.page_css()
-sess = session(st.session_state)
+# the shared settings, the link's run and the URL, as on every page, with no sidebar and the
+# page's own title
+ctx = ui_page.context("", header=False, sidebar=False)
+sess = ctx.sess
 tr = sess.trace
 
 
-def _frozen_step(n: int) -> int:
-    """The step on show: frozen per run, from the URL's ``step`` or the selected step."""
-    if sess.presenter_run != id(tr):  # a new run: freeze afresh
-        sess.presenter_run, sess.presenter_step = id(tr), None
-    if sess.presenter_step is None:
-        start = url_count("step", st.query_params.get("step"))
-        if start is None:  # not in the link, or not a count
-            start = sess.selected_step()
-        sess.presenter_step = start
-    i = max(0, min(int(sess.presenter_step), n - 1))
-    sess.presenter_step = i
-    st.query_params["step"] = str(i)
-    return i
-
-
-def _whatif():
-    """The replay under the current sliders when they differ from the run's, else None."""
-    stored = st.session_state.get("settings")
-    dec = sess.decoder
-    if not isinstance(stored, Settings):
-        return None
-    try:
-        params = stored.prune_params()
-    except ValueError:
-        return None
-    if params == dec.params:
-        return None
-    with guard("the what-if replay"):
-        return whatif.cached(sess.replay_memo, tr, params, model=dec.lm.model, hidden=dec.hidden)
-    return None
-
-
-def _move(d: int) -> None:
+def _move(to: int) -> None:
+    """◀ ▶: select step ``to``, so the URL carries the step on show."""
     n = len(sess.trace.steps)
-    sess.presenter_step = max(0, min(sess.presenter_step + d, n - 1))
+    to = max(0, min(to, n - 1))
+    sess.selected = None if to == n - 1 and runner.job(sess) is None else to
 
 
-if tr is None or not tr.steps:
+linked = sess.link.steps is not None and runner.job(sess) is not None
+if linked:  # the link's run is being regenerated: its step shows when it is whole
+    st.title("Presenter mode")
+    ui_page.job_panel(ctx)
+elif tr is None or not tr.steps:
     st.title("Presenter mode")
     st.info("Nothing generated yet: make a run on the Generate page first.")
 else:
     n = len(tr.steps)
-    i = _frozen_step(n)
+    i = sess.selected_step()
+    if sess.selected is None and runner.job(sess) is not None:
+        sess.selected = i  # a run still growing: the step on show stays put
     rec = tr.steps[i]
-    wi = _whatif()
+    wi = ctx.wi if ui_page.params_changed(ctx) else None
     res = wi.results[i] if wi is not None else None
     chosen = wi.chosen[i] if wi is not None else rec.chosen_rank
-    lm = sess.decoder.lm
     cand = rec.cand_ids.tolist()
-    token = ui_page.token_texts(lm.tokenizer, (cand[chosen],))[0] if chosen >= 0 else rec.token_text
+    token = ctx.labels((cand[chosen],))[0] if chosen >= 0 else rec.token_text
     stages = charts.step_stages(rec, res)
 
     c0, c1, c2 = st.columns([1, 14, 1], vertical_alignment="center")
-    c0.button("◀", key="pres_prev", on_click=_move, args=(-1,), disabled=i == 0,
+    c0.button("◀", key="pres_prev", on_click=_move, args=(i - 1,), disabled=i == 0,
               shortcut="Left", help="Previous step (← key)")  # fmt: skip
-    c2.button("▶", key="pres_next", on_click=_move, args=(1,), disabled=i == n - 1,
+    c2.button("▶", key="pres_next", on_click=_move, args=(i + 1,), disabled=i == n - 1,
               shortcut="Right", help="Next step (→ key)")  # fmt: skip
     c1.html(
         f"<p class='semviz-title'>Step {i} of {n} (numbered 0–{n - 1}) → "
@@ -144,7 +121,7 @@ else:
     m[3].metric("kept set", f"{(res.n_kept if res else rec.n_kept):,}")
     m[4].metric("temperature", f"{(res.temperature if res else rec.temperature):.2f}")
 
-    labels = ui_page.token_texts(lm.tokenizer, tuple(cand[: max(SHOWN, chosen + 1)]))
+    labels = ctx.labels(cand[: max(SHOWN, chosen + 1)])
     keep = {k: stages[k] for k in ("raw", "final") if k in stages}
     fig = charts.distribution_figure(
         labels, keep, chosen=chosen if chosen >= 0 else None, mode="overlay", top=SHOWN,

@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.e2e.conftest import nav_click  # noqa: E402
 from tests.e2e.test_browser import PAGES  # noqa: E402  (the pages the browser tests walk)
 
 # records every change of the app's script state with the page's clock (ms)
@@ -219,7 +220,7 @@ def page_renders(browser, prompt: str, steps: int) -> dict[str, float]:
         # nothing, so timing it first waited for a run that never came
         for title, slug in sorted(PAGES, key=lambda p: p[1] == "generate"):
             t0 = now(page)
-            page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+            nav_click(page, title)
             ms = settle(page, t0)
             wait_for(page, "document.querySelector('.js-plotly-plot')", 120)
             out[slug] = ms

@@ -107,24 +107,43 @@ def apply_preset() -> None:
     s.impose(st.session_state)
 
 
+def settings() -> Settings:
+    """The current ``Settings`` (the link's on a session's first run, its notes shown under
+    the page's title), for a page that draws no sidebar.
+
+    A server whose configuration cannot be used stops here, on every page, with one sentence.
+    """
+    _server_config()
+    return _begin()
+
+
+def _server_config() -> server.ServerConfig:
+    try:
+        return server.config()
+    except server.ConfigError as exc:
+        st.error(f"This server is not set up right: {exc}", icon="⚠️")
+        st.stop()
+
+
+def _begin() -> Settings:
+    sessions.touch(session(st.session_state))
+    current = init_state()
+    # under the page's title, not in the sidebar, whose page list pushes them below the fold
+    for note in nav.take_link_notes(st.session_state):
+        st.warning(note, icon=LINK_ICON)
+    return current
+
+
 def sidebar() -> Settings:
     """Draw the shared controls and return the current ``Settings``.
 
     A server whose configuration cannot be used stops here, on every page, with one sentence.
     """
-    try:
-        cfg = server.config()
-    except server.ConfigError as exc:
-        st.error(f"This server is not set up right: {exc}", icon="⚠️")
-        st.stop()
-    sessions.touch(session(st.session_state))
-    init_state()
+    cfg = _server_config()
+    _begin()
     sb = st.sidebar
     if cfg.shared:
         sb.caption(server.queue_caption())
-    # under the page's title, not in the sidebar, whose page list pushes them below the fold
-    for note in nav.take_link_notes(st.session_state):
-        st.warning(note, icon=LINK_ICON)
     with sb.expander("Model & prompt", expanded=True):
         _model_widget(cfg)
         st.toggle(spec_of("chat").label, key=K + "chat", help=spec_of("chat").help)

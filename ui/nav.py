@@ -1,7 +1,8 @@
 """The page list. Adding a page: write ``app_pages/<name>.py`` and add one ``PageSpec`` here.
 
-Pages are grouped into sections in the sidebar (``section``); the first page, Home, is the
-front door the root URL opens. Also here: the few session keys that ``app.py`` itself keeps
+Pages are grouped into sections (``section``) in the navigation bar at the top: the "Start"
+pages are plain links, each other section a menu. The sidebar thus holds only the settings.
+The first page, Home, is the front door the root URL opens. Also here: the few session keys that ``app.py`` itself keeps
 per run (it imports nothing heavy).
 """
 
@@ -22,6 +23,7 @@ class PageSpec:
 HOME = "app_pages/home.py"
 GENERATE = "app_pages/generate.py"
 TOUR = "app_pages/tour_1_baseline.py"
+START = "Start"  # the section whose pages are always in sight
 
 # session_state keys of what reading the opening link changed (clamped or ignored values): the
 # sidebar takes the notes from LINK_NOTES to show them once, keeping them in SHOWN_NOTES; a run
@@ -54,8 +56,8 @@ def keep_link_notes(state) -> None:
 
 
 PAGES: tuple[PageSpec, ...] = (
-    PageSpec(HOME, "Home", ":material/home:", default=True, section="Start"),
-    PageSpec(GENERATE, "Generate", ":material/play_arrow:", section="Start"),
+    PageSpec(HOME, "Home", ":material/home:", default=True, section=START),
+    PageSpec(GENERATE, "Generate", ":material/play_arrow:", section=START),
     PageSpec("app_pages/distributions.py", "Distributions", ":material/bar_chart:"),
     PageSpec("app_pages/thermodynamics.py", "Thermodynamics", ":material/thermostat:"),
     PageSpec("app_pages/attention.py", "Attention & gravity", ":material/grid_on:"),
@@ -81,5 +83,6 @@ def st_pages() -> dict[str, list]:
     out: dict[str, list] = {}
     for p in PAGES:
         page = st.Page(p.path, title=p.title, icon=p.icon, default=p.default)
-        out.setdefault(p.section, []).append(page)
+        # the top bar shows a section named "" as plain links before the menus
+        out.setdefault("" if p.section == START else p.section, []).append(page)
     return out

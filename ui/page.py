@@ -119,17 +119,22 @@ def token_texts(tokenizer, ids: tuple[int, ...]) -> list[str]:
     return out
 
 
-def context(title: str, *, icon: str = "", header: bool = True) -> PageContext:
+def context(
+    title: str, *, icon: str = "", header: bool = True, sidebar: bool = True
+) -> PageContext:
     """Draw the page title and the shared header; return the page's context.
 
     ``header``: draw the long task's progress (with Stop), the status line (which ticks with
     the task) and the what-if banner here. Generate passes False and draws them itself,
     below its prompt and buttons and around its token strip, so the strip streams.
+    An empty ``title`` draws none. ``sidebar``: draw the settings' widgets; without them the
+    page still reads the settings and the link (Presenter, which has no sidebar).
     """
-    st.title(f"{icon} {title}".strip())
+    if title:
+        st.title(f"{icon} {title}".strip())
     from ui import controls
 
-    settings = controls.sidebar()
+    settings = controls.sidebar() if sidebar else controls.settings()
     server.apply_upload_limit()  # follows the server's settings file as it changes
     sess = session(st.session_state)
     lm = None

@@ -238,8 +238,6 @@ class SessionData:
     rerun_app: bool = False  # a click inside the token strip: the whole page follows it
     replay_memo: dict = field(default_factory=dict)  # semviz.analysis.replay.cached's store
     strip_cards: dict[int, dict] = field(default_factory=dict)  # hover cards by step
-    presenter_run: int | None = None  # id() of the trace the presenter's step is for
-    presenter_step: int | None = None
     # the pages' own work
     kv_eval: list[dict] | None = None  # kv-eval's rows
     kv_eval_job: dict = field(default_factory=lambda: {"running": False})

@@ -34,20 +34,20 @@ def _rgb(color: str) -> list[int]:
     return [int(float(x)) for x in color[color.index("(") + 1 : color.index(")")].split(",")]
 
 
-# Each scale is the palette's (``style.PROBABILITY_SCALE``, ``style.ENTROPY_SCALE``): its
-# strong end painted with an opacity that grows with the value, so the chip reads on a light
-# and on a dark page; the text on a strong chip takes the scale's pale end.
+# Each scale is the palette's (``style.PROBABILITY_SCALE``, ``style.ENTROPY_SCALE``): its mid
+# tone, taken 15% toward the page's own background and painted with an opacity that grows
+# with the value. A light page thus gets light chips and a dark page darker ones, so the chip
+# stands out from the page and the theme's text reads on it in either theme.
+CHIP_SHADE = 0.7
 SCALES = {
     "probability": {
-        "rgb": _rgb(style.shade(0.8, style.PROBABILITY_SCALE)),  # darker = less likely
-        "ink": style.shade(0.0, style.PROBABILITY_SCALE),
+        "rgb": _rgb(style.shade(CHIP_SHADE, style.PROBABILITY_SCALE)),  # stronger = less likely
         "lo": "p = 1",
         "hi": "p ≤ 0.001 (a third of the bar per factor 10)",
         "title": "chosen token's probability",
     },
     "entropy": {
-        "rgb": _rgb(style.shade(1.0, style.ENTROPY_SCALE)),  # darker = more uncertain
-        "ink": style.shade(0.0, style.ENTROPY_SCALE),
+        "rgb": _rgb(style.shade(CHIP_SHADE, style.ENTROPY_SCALE)),  # stronger = more uncertain
         "lo": "H = 0",
         "hi": "H = {hmax:.1f} nats (the run's highest)",
         "title": "entropy of the step (nats)",
@@ -73,9 +73,15 @@ def css() -> str:
   background: var(--st-background-color, transparent);
 }}
 .semviz-strip .prompt {{ opacity: .55; }}
+.semviz-strip, .semviz-legend {{
+  --tok-strong: color-mix(in srgb, var(--tok-hue) 85%, var(--st-background-color, Canvas));
+}}
 .semviz-strip .tok, .semviz-strip .ghost {{
   border-radius: 3px; padding: 1px 1px; margin-right: 1px; cursor: pointer;
   box-shadow: inset 0 -1px 0 {line};
+}}
+.semviz-strip .tok {{
+  background: color-mix(in srgb, var(--tok-strong) calc(var(--v, 0) * 85%), transparent);
 }}
 .semviz-strip .tok:hover, .semviz-strip .tok:focus {{
   outline: 1px solid currentColor; outline-offset: 0; }}
@@ -96,7 +102,9 @@ def css() -> str:
 .semviz-legend {{ display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center;
   font-size: 12px; opacity: .85; margin-top: 6px; font-family: var(--st-font, sans-serif); }}
 .semviz-legend .bar {{ display: inline-block; width: 140px; height: 10px; border-radius: 3px;
-  vertical-align: middle; margin: 0 6px; border: 1px solid {style.rgba(GREY, 0.4)}; }}
+  vertical-align: middle; margin: 0 6px; border: 1px solid {style.rgba(GREY, 0.4)};
+  background: linear-gradient(90deg, transparent,
+    color-mix(in srgb, var(--tok-strong) 85%, transparent)); }}
 .semviz-legend .mark {{ display: inline-block; width: 14px; height: 10px; border-radius: 2px;
   vertical-align: middle; margin-right: 4px; }}
 .semviz-card {{
@@ -126,11 +134,6 @@ const show = (t) => (t === "" ? "∅" : t.replace(/\n/g, "↵\n"));
 const fmt = (p) => (p === null || p === undefined || Number.isNaN(p) ? "–"
   : p >= 0.995 ? p.toFixed(2) : p < 0.001 ? (p > 0 ? "<.001" : "0") : p.toFixed(3));
 
-function color(rgb, v) {
-  const a = Math.max(0, Math.min(1, v)) * 0.85;
-  return `rgba(${rgb[0]},${rgb[1]},${rgb[2]},${a.toFixed(3)})`;
-}
-
 function tokSpan(d, t, extra) {
   const [step, text, v] = t;
   const s = document.createElement("span");
@@ -138,12 +141,12 @@ function tokSpan(d, t, extra) {
   s.dataset.step = step;
   s.tabIndex = 0;
   s.textContent = show(text);
-  s.style.background = color(d.rgb, v);
-  if (v > 0.62) s.style.color = d.ink;
+  s.style.setProperty("--v", Math.max(0, Math.min(1, v)).toFixed(3));  // the colour: css()
   return s;
 }
 
 function render(root, d) {
+  root.style.setProperty("--tok-hue", `rgb(${d.rgb.join(",")})`);
   const old = root.querySelector(".semviz-strip");
   const keep = old ? old.scrollTop : null;
   const atEnd = old ? old.scrollTop + old.clientHeight >= old.scrollHeight - 4 : true;
@@ -222,7 +225,6 @@ function legend(root, d) {
   sc.append(d.scale.title + ": " + d.scale.lo);
   const bar = document.createElement("span");
   bar.className = "bar";
-  bar.style.background = `linear-gradient(90deg, ${color(d.rgb, 0)}, ${color(d.rgb, 1)})`;
   sc.append(bar, d.scale.hi);
   lg.appendChild(sc);
   for (const [text, mark] of d.hints) {
@@ -402,7 +404,6 @@ def payload(
         "first_diff": first,
         "ghost": ghost,
         "rgb": scale.pop("rgb"),
-        "ink": scale.pop("ink"),
         "scale": scale,
         "alts": alts,
         "hints": hints,

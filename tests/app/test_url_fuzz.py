@@ -25,7 +25,6 @@ from ui.state import COUNT, Settings, spec_of
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 PAGES = [p.path for p in nav.PAGES]
-PRESENTER = "app_pages/presenter.py"  # shows a run; reads no settings (no sidebar)
 KEYS = [f.name for f in dataclasses.fields(Settings)] + ["step", "steps"]
 ISSUE = {"temperature": "5", "top_k": "-5", "top_p": "0", "gravity_lambda": "50"}
 WORST = {  # one bad value for every key at once
@@ -118,8 +117,6 @@ def check(at, page: str, query: dict[str, str], *, shared: bool) -> None:
     assert not at.exception, (page, query, [e.value for e in at.exception])
     bugs = [e.value for e in at.error if "Something went wrong" in e.value]
     assert not bugs, (page, query, bugs)
-    if page == PRESENTER:
-        return
     s = at.session_state["settings"]
     cap = SHARED_ENV["SEMVIZ_MAX_STEPS"] if shared else None
     for f in dataclasses.fields(Settings):
@@ -148,12 +145,11 @@ def test_the_issue_values_open_every_page_clamped_with_notes(tiny_dir, page):
     with server_env(tiny_dir, shared=False):
         at = open_link(page, ISSUE)
         check(at, page, ISSUE, shared=False)
-        if page != PRESENTER:
-            s = at.session_state["settings"]
-            assert (s.temperature, s.top_k, s.top_p, s.gravity_lambda) == (2.0, 0, 0.01, 3.0)
-            at.run()  # and it stays fine on the next run, and after moving to another page
-            at.switch_page(nav.GENERATE).run()
-            assert not at.exception
+        s = at.session_state["settings"]
+        assert (s.temperature, s.top_k, s.top_p, s.gravity_lambda) == (2.0, 0, 0.01, 3.0)
+        at.run()  # and it stays fine on the next run, and after moving to another page
+        at.switch_page(nav.GENERATE).run()
+        assert not at.exception
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["single", "shared"])

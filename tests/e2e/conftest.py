@@ -86,3 +86,17 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         yield b
         b.close()
+
+
+def nav_click(page, title: str) -> None:
+    """Click the page ``title`` in the navigation, opening its section's menu first."""
+    link = page.locator(
+        '[data-testid="stTopNavLink"], [data-testid="stTopNavDropdownLink"], '
+        '[data-testid="stSidebarNavLink"]'
+    ).filter(has_text=title)
+    if not link.first.is_visible():
+        from ui import nav
+
+        section = next(p.section for p in nav.PAGES if p.title == title)
+        page.locator('[data-testid="stTopNavSection"]').filter(has_text=section).first.click()
+    link.first.click()

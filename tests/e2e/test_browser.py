@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import ARTIFACTS
+from tests.e2e.conftest import ARTIFACTS, nav_click
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +66,7 @@ def open_app(browser, url: str, query: str = ""):
 
 
 def goto(page, title: str) -> None:
-    page.locator('[data-testid="stSidebarNav"] a', has_text=title).first.click()
+    nav_click(page, title)
     wait_idle(page)
 
 

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import ARTIFACTS
+from tests.e2e.conftest import ARTIFACTS, nav_click
 from tests.e2e.test_browser import wait_idle
+from ui import nav
 
 pytestmark = pytest.mark.e2e
 
@@ -117,7 +118,8 @@ def _goto(page, slug: str) -> None:
     if leave.count():
         leave.first.click()
         wait_idle(page)
-    page.locator(f'[data-testid="stSidebarNav"] a[href$="/{slug}"]').first.click()
+    title = next(p.title for p in nav.PAGES if p.path == f"app_pages/{slug}.py")
+    nav_click(page, title)
     wait_idle(page)
 
 
