@@ -66,7 +66,8 @@ SCALES = {
 GREY = style.REFERENCE
 # the lit context tokens take the attention charts' scale, at a middle that reads on a light
 # and on a dark page
-ATTENDED = _rgb(style.shade(0.6, style.ATTENTION_SCALE))
+ATTENTION = style.ATTENTION_SCALE
+ATTENDED = _rgb(style.shade(0.6, ATTENTION))
 
 
 def css() -> str:
@@ -436,6 +437,8 @@ def payload(
         read.append((int(s.position), shown))
     # [text, colour of its mark or None]
     hints = [["selected step (click a token)", style.FOCUS], ["hover: alternatives", None]]
+    if any(t[4] for t in tokens):
+        hints.append(["hover: the tokens it read, by attention", style.shade(0.6, ATTENTION)])
     if whatif:
         hints.append(
             [f"the sliders change step {first}; below it, what-if ghost text", style.WHATIF]

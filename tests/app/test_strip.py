@@ -111,6 +111,7 @@ def test_the_payload_carries_a_rule_per_token_bounded_by_the_links(tiny_lm):
     assert [t[3] for t in d["tokens"]] == [s.position for s in steps]
     assert [p for p, _ in d["prompt"]] == list(range(len(dec.trace.prompt_tokens)))
     assert len(rules) == len(steps) and all(t[4] for t in d["tokens"])
+    assert d["hints"][-1][0] == "hover: the tokens it read, by attention"
     for rule, s in zip(rules, steps, strict=True):
         want = strip.links(s)
         top = want[0][1]
