@@ -427,7 +427,10 @@ def payload(
         v = s.entropy / hmax if color_by == "entropy" else value(s.chosen_prob)
         res = ctx.result(i) if whatif else None
         hit = cards.get(i)
-        if hit is None or hit[0] is not s or hit[1] is not res or hit[2:4] != (whatif, stages):
+        # an entry is (record, what-if result, whatif, stages, card, links); one of another
+        # shape, or for another record or result, is made again
+        stale = hit is None or len(hit) != 6 or hit[0] is not s or hit[1] is not res
+        if stale or hit[2:4] != (whatif, stages):
             card = _card(ctx, i, stages, whatif, res)
             hit = cards[i] = (s, res, whatif, stages, card, links(s))
         alts[str(i)] = hit[4]
