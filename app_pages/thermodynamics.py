@@ -1,9 +1,17 @@
-"""Thermodynamics: entropy, varentropy, temperature, free energy and kept-set size per step."""
+"""Thermodynamics: entropy, varentropy, temperature, free energy and kept-set size per step,
+with entropix's attention metrics and quadrant beside the logits' entropy and varentropy."""
 
 import streamlit as st
 
+from semviz.analysis import lens
 from semviz.output import charts
 from ui import page, views
+from ui.errors import guard
+
+NO_METRICS = (
+    "This run did not record the attention metrics: generate with the lens on (it is on by "
+    "default) to see them beside the logits' entropy."
+)
 
 ctx = page.context("Thermodynamics")
 views.page_css()
@@ -43,3 +51,35 @@ if page.need_trace(ctx):
         "the yellow disc) is the selected step; the pink line is the first step a what-if "
         "changes. On the right, points are coloured by what the sampler did."
     )
+
+    # the attention metrics and the quadrant are the record's own numbers: a what-if changes
+    # the sampler, not the attention the model paid, so both read the recorded run
+    rec_df = charts.step_frame(ctx.trace)
+    with guard("the attention metrics"):
+        st.subheader("Attention metrics (entropix) beside the logits' entropy")
+        if any(r.attn_metrics is not None for r in ctx.trace.steps):
+            which = st.selectbox(
+                "Attention of", ["last layer", "mean of every layer"], key="thermo_att_layer",
+                help="entropix reads the last layer's attention.",
+            )  # fmt: skip
+            series = lens.attention_series(ctx.trace, layer=-1 if which == "last layer" else None)
+            views.step_chart(
+                ctx,
+                charts.attention_metrics_figure(rec_df, series, selected=sel),
+                key="thermo_metrics",
+            )
+            st.caption(
+                "Attention entropy and varentropy of the last query's row (nats), averaged over "
+                "the heads; head agreement is how far each head's row is from the heads' mean, "
+                "interaction strength the mean size of the pre-softmax scores."
+            )
+        else:
+            st.info(NO_METRICS)
+    with guard("the quadrant"):
+        st.subheader("The entropix quadrant: entropy × varentropy of the logits, by token")
+        views.step_chart(ctx, charts.quadrant_figure(rec_df, selected=sel), key="thermo_quadrant")
+        st.caption(
+            "Split at the run's medians: low entropy and varentropy, the model is sure; high "
+            "entropy, low varentropy, evenly unsure; low entropy, high varentropy, a few "
+            "distinct options; both high, lost."
+        )

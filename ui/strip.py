@@ -9,6 +9,14 @@ card branches from that step with it (trigger ``branch``, ``{"step", "id"}``). F
 step the what-if sliders change on, the strip shows two lanes: the recorded tokens and the
 counterfactual continuation as ghost text (``.semviz-strip .ghost``).
 
+Hovering a generated token lights up the context tokens it read, by attention weight (the
+mean over layers and heads of the step's recorded last-query attention, its top
+:data:`LINKS` keys). This is plain CSS, so it answers in the browser with no rerun and no
+script per hover: every token carries the class ``p<position>`` and the custom property
+``--lit: var(--a<position>, 0)``; :func:`attention_css` writes one rule per hovered token
+that sets ``--a<position>`` on the strip for the tokens it read, and the strip's style sheet
+paints ``--lit`` as a background while any such token is hovered.
+
 The payload is built by :func:`payload` (plain JSON; token text is set with ``textContent``
 in the browser, never as HTML).
 """
@@ -27,6 +35,7 @@ from semviz.output import style
 MAX_TOKENS_SHOWN = 1500
 ALTERNATIVES = 6  # rows in the hover card
 PROMPT_CHARS = 240
+LINKS = 8  # context tokens lit per hovered token: bounds the rules at LINKS per token shown
 
 
 def _rgb(color: str) -> list[int]:
@@ -55,6 +64,10 @@ SCALES = {
 }
 
 GREY = style.REFERENCE
+# the lit context tokens take the attention charts' scale, at a middle that reads on a light
+# and on a dark page
+ATTENTION = style.ATTENTION_SCALE
+ATTENDED = _rgb(style.shade(0.6, ATTENTION))
 
 
 def css() -> str:
@@ -63,6 +76,7 @@ def css() -> str:
     yellow, the first what-if step and the ghost text in the what-if pink."""
     focus, whatif = style.FOCUS, style.WHATIF
     line, faint = style.rgba(GREY, 0.45), style.rgba(GREY, 0.35)
+    lit = ", ".join(str(c) for c in ATTENDED)
     return f"""
 .semviz-strip-root {{ font-size: 14px; }}
 .semviz-strip {{
@@ -72,10 +86,13 @@ def css() -> str:
   padding: 8px 10px; color: var(--st-text-color, CanvasText);
   background: var(--st-background-color, transparent);
 }}
-.semviz-strip .prompt {{ opacity: .55; }}
+.semviz-strip .prompt, .semviz-strip .ptok {{ opacity: .55; }}
 .semviz-strip, .semviz-legend {{
   --tok-strong: color-mix(in srgb, var(--tok-hue) 85%, var(--st-background-color, Canvas));
 }}
+.semviz-strip:has(.tok.att:hover) .tok, .semviz-strip:has(.tok.att:hover) .ptok {{
+  background-color: rgba({lit}, calc(var(--lit, 0) * .85)) !important; }}
+.semviz-strip:has(.tok.att:hover) .ptok {{ opacity: calc(.55 + .45 * var(--lit, 0)); }}
 .semviz-strip .tok, .semviz-strip .ghost {{
   border-radius: 3px; padding: 1px 1px; margin-right: 1px; cursor: pointer;
   box-shadow: inset 0 -1px 0 {line};
@@ -134,10 +151,16 @@ const show = (t) => (t === "" ? "∅" : t.replace(/\n/g, "↵\n"));
 const fmt = (p) => (p === null || p === undefined || Number.isNaN(p) ? "–"
   : p >= 0.995 ? p.toFixed(2) : p < 0.001 ? (p > 0 ? "<.001" : "0") : p.toFixed(3));
 
+function lit(s, pos) {
+  s.classList.add("p" + pos);
+  s.style.setProperty("--lit", `var(--a${pos}, 0)`);
+}
+
 function tokSpan(d, t, extra) {
-  const [step, text, v] = t;
+  const [step, text, v, pos, att] = t;
   const s = document.createElement("span");
-  s.className = "tok" + (extra || "") + (step === d.selected ? " sel" : "");
+  s.className = "tok" + (extra || "") + (step === d.selected ? " sel" : "") + (att ? " att" : "");
+  lit(s, pos);
   s.dataset.step = step;
   s.tabIndex = 0;
   s.textContent = show(text);
@@ -154,10 +177,19 @@ function render(root, d) {
   box.className = "semviz-strip";
   box.setAttribute("role", "group");
   box.setAttribute("aria-label", "generated tokens; click one to select its step");
-  const pr = document.createElement("span");
-  pr.className = "prompt";
-  pr.textContent = d.prompt;
-  box.appendChild(pr);
+  if (d.prompt_cut) {
+    const cut = document.createElement("span");
+    cut.className = "prompt";
+    cut.textContent = "…";
+    box.appendChild(cut);
+  }
+  for (const [pos, text] of d.prompt) {
+    const p = document.createElement("span");
+    p.className = "ptok";
+    lit(p, pos);
+    p.textContent = text;
+    box.appendChild(p);
+  }
   if (d.skipped) {
     const sk = document.createElement("span");
     sk.className = "prompt";
@@ -207,6 +239,9 @@ function render(root, d) {
     lanes.appendChild(g);
   }
   if (old) old.replaceWith(box); else root.prepend(box);
+  let rules = root.querySelector("style.semviz-attn");
+  if (!rules) { rules = document.createElement("style"); rules.className = "semviz-attn"; root.appendChild(rules); }
+  if (rules.textContent !== d.attn_css) rules.textContent = d.attn_css;
   if (d.follow && atEnd) box.scrollTop = box.scrollHeight;
   else if (keep !== null) box.scrollTop = keep;
   const sel = box.querySelector(".tok.sel");
@@ -375,28 +410,47 @@ def payload(
     first = ctx.first_diff
     whatif = first is not None
     cards = _cards(ctx.sess.strip_cards, start, n)
+    # the chat template's markers as every other view shows them (⟨im_start⟩), so they read as
+    # tokens the model was given rather than as text someone typed; the prompt's last tokens
+    # up to PROMPT_CHARS, each its own span so that attention can light it
+    prompt: list[list] = []
+    chars = 0
+    for pos in range(len(tr.prompt_tokens) - 1, -1, -1):
+        text = style.mark_specials(tr.prompt_tokens[pos])
+        if prompt and chars + len(text) > PROMPT_CHARS:
+            break
+        prompt.append([pos, text])
+        chars += len(text)
+    prompt.reverse()
+    shown_from = prompt[0][0] if prompt else len(tr.prompt_tokens)
+    read = []
     for i in range(start, n):
         s = steps[i]
         v = s.entropy / hmax if color_by == "entropy" else value(s.chosen_prob)
-        tokens.append([i, s.token_text, round(float(v), 3)])
         res = ctx.result(i) if whatif else None
         hit = cards.get(i)
-        if hit is None or hit[0] is not s or hit[1] is not res or hit[2:4] != (whatif, stages):
-            hit = cards[i] = (s, res, whatif, stages, _card(ctx, i, stages, whatif, res))
+        # an entry is (record, what-if result, whatif, stages, card, links); one of another
+        # shape, or for another record or result, is made again
+        stale = hit is None or len(hit) != 6 or hit[0] is not s or hit[1] is not res
+        if stale or hit[2:4] != (whatif, stages):
+            card = _card(ctx, i, stages, whatif, res)
+            hit = cards[i] = (s, res, whatif, stages, card, links(s))
         alts[str(i)] = hit[4]
-    # the chat template's markers as every other view shows them (⟨im_start⟩), so they read as
-    # tokens the model was given rather than as text someone typed
-    prompt = "".join(style.mark_specials(t) for t in tr.prompt_tokens)
-    if len(prompt) > PROMPT_CHARS:
-        prompt = "…" + prompt[-PROMPT_CHARS:]
+        # only links to tokens on show: a rule for a hidden token would light nothing
+        shown = [(p, w) for p, w in hit[5] if p >= shown_from]
+        tokens.append([i, s.token_text, round(float(v), 3), int(s.position), bool(shown)])
+        read.append((int(s.position), shown))
     # [text, colour of its mark or None]
     hints = [["selected step (click a token)", style.FOCUS], ["hover: alternatives", None]]
+    if any(t[4] for t in tokens):
+        hints.append(["hover: the tokens it read, by attention", style.shade(0.6, ATTENTION)])
     if whatif:
         hints.append(
             [f"the sliders change step {first}; below it, what-if ghost text", style.WHATIF]
         )
     return {
         "prompt": prompt,
+        "prompt_cut": shown_from > 0,
         "skipped": start,
         "tokens": tokens,
         "selected": ctx.selected,
@@ -408,7 +462,37 @@ def payload(
         "alts": alts,
         "hints": hints,
         "branchable": branchable,
+        "attn_css": attention_css(read),
     }
+
+
+def links(rec, k: int = LINKS) -> list[tuple[int, float]]:
+    """The ``k`` context positions step ``rec`` read most, with their weights, heaviest first:
+    its recorded last-query attention ``(L, H, S)`` averaged over layers and heads, over the
+    keys at ``rec.cache_positions``. A step recorded without attention reads nothing here."""
+    att = getattr(rec, "attention", None)
+    if att is None or att.numel() == 0:
+        return []
+    w = att.float().mean(dim=(0, 1))
+    top = torch.topk(w, min(k, w.numel()))
+    pos = rec.cache_positions
+    return [(int(pos[j]), float(v)) for v, j in zip(top.values, top.indices, strict=True)]
+
+
+def attention_css(read: list[tuple[int, list[tuple[int, float]]]]) -> str:
+    """One rule per hovered token: ``read`` holds ``(position, links)`` (:func:`links`). While
+    the token at ``position`` is hovered, each position it read gets ``--a<position>``, its
+    weight over the row's heaviest, so the heaviest link is fully lit whatever the row's
+    spread (a mean over heads rarely tops 0.5) and the rest scale with their weight. Links of
+    weight 0 set nothing."""
+    rules = []
+    for q, row in read:
+        top = max((w for _, w in row), default=0.0)
+        if top <= 0.0:
+            continue
+        decls = ";".join(f"--a{p}:{w / top:.3f}" for p, w in row if w > 0.0)
+        rules.append(f".semviz-strip:has(.p{q}:hover){{{decls}}}")
+    return "\n".join(rules)
 
 
 def _cards(cards: dict, start: int, n: int) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
+
 from semviz.analysis.replay import replay
 from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.sampling import PruneParams
@@ -67,6 +69,52 @@ def test_the_prompt_shows_the_chat_templates_markers_as_tokens(tiny_lm):
     dec.run(1)
     raw = "".join(dec.trace.prompt_tokens)
     assert "<|im_start|>user\nHello <b>there</b><|im_end|>" in raw  # what the model was given
-    shown = strip.payload(ctx_of(dec, {}))["prompt"]
+    shown = "".join(text for _, text in strip.payload(ctx_of(dec, {}))["prompt"])
     assert "⟨im_start⟩user\nHello <b>there</b>⟨im_end⟩" in shown
     assert "<|" not in shown and shown.count("⟨im_start⟩") == raw.count("<|im_start|>")
+
+
+def test_links_are_the_heaviest_keys_of_the_mean_over_layers_and_heads():
+    # two layers, two heads, four keys at positions 0, 2, 5, 7 (a cache that dropped 1, 3, 4, 6)
+    att = torch.tensor(
+        [[[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]],
+         [[0.5, 0.0, 0.1, 0.4], [0.3, 0.0, 0.3, 0.4]]], dtype=torch.float16,
+    )  # fmt: skip
+    rec = SimpleNamespace(attention=att, cache_positions=torch.tensor([0, 2, 5, 7]))
+    # means over layers and heads: 0.3, 0.1, 0.2, 0.4
+    got = strip.links(rec, k=3)
+    assert [p for p, _ in got] == [7, 0, 5]
+    assert [round(w, 3) for _, w in got] == [0.4, 0.3, 0.2]
+    assert strip.links(SimpleNamespace(attention=None, cache_positions=None)) == []
+
+
+def test_attention_css_lights_each_read_token_by_its_weight_over_the_heaviest():
+    read = [
+        (12, [(7, 0.4), (0, 0.3), (5, 0.1), (3, 0.0)]),
+        (13, []),  # a step without attention: no rule
+        (14, [(12, 0.25)]),
+    ]
+    assert strip.attention_css(read) == (
+        ".semviz-strip:has(.p12:hover){--a7:1.000;--a0:0.750;--a5:0.250}\n"
+        ".semviz-strip:has(.p14:hover){--a12:1.000}"
+    )
+    assert strip.attention_css([]) == ""
+
+
+def test_the_payload_carries_a_rule_per_token_bounded_by_the_links(tiny_lm):
+    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(),
+                  DecodeSettings(max_new_tokens=8, seed=3))  # fmt: skip
+    dec.run(5)
+    d = strip.payload(ctx_of(dec, {}))
+    rules = d["attn_css"].split("\n")
+    steps = dec.trace.steps
+    assert [t[3] for t in d["tokens"]] == [s.position for s in steps]
+    assert [p for p, _ in d["prompt"]] == list(range(len(dec.trace.prompt_tokens)))
+    assert len(rules) == len(steps) and all(t[4] for t in d["tokens"])
+    assert d["hints"][-1][0] == "hover: the tokens it read, by attention"
+    for rule, s in zip(rules, steps, strict=True):
+        want = strip.links(s)
+        top = want[0][1]
+        decls = ";".join(f"--a{p}:{w / top:.3f}" for p, w in want)
+        assert rule == f".semviz-strip:has(.p{s.position}:hover){{{decls}}}"
+        assert len(want) == min(strip.LINKS, s.cache_positions.numel())
