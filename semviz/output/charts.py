@@ -908,8 +908,9 @@ def kv_timeline_figure(
         )
     )  # fmt: skip
     if selected is not None and 0 <= selected < len(steps):
+        # a dashed grey line: the focus yellow sits too close to the evicted orange
         fig.add_hline(
-            y=selected, line={"color": style.FOCUS, "width": 3},
+            y=selected, line={"color": style.REFERENCE, "width": 2, "dash": "dash"},
             annotation_text=f"step {selected}", annotation_position="top left",
         )  # fmt: skip
     fig.update_yaxes(title="step", autorange="reversed")
