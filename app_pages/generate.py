@@ -125,8 +125,8 @@ def _ghost_payload() -> dict | None:
         return {"tokens": texts, "note": note}
     # until the model has decoded it, the replay's pick at step k (no model run): exact
     # unless the record cannot decide it, which the note says
-    first = ctx.labels([ctx.wi.token_ids[k]])[0]
-    why = ctx.wi.why[k] if k < len(ctx.wi.why) else None
+    pick = page.first_pick(ctx)
+    first, why = ctx.labels([pick.token_id])[0], pick.why
     if why is not None and (g is None or not g.error):
         note = f"… (an estimate: {why})"
     elif g is not None and g.error:

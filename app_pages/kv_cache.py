@@ -14,7 +14,7 @@ import streamlit as st
 from semviz.decoding.decoder import encode_prompt
 from semviz.eviction import POLICIES, KVEval, parse_budgets, teacher_forced_ids
 from semviz.model.forward import kv_bytes_per_token
-from semviz.output import charts
+from semviz.output import charts, style
 from ui import page, server
 from ui.errors import report
 
@@ -48,8 +48,30 @@ if page.need_trace(ctx):
         "and press Step to start a run with eviction."
     )
     n_pos = len(tr.prompt_ids) + len(tr.steps)
-    st.subheader("Eviction timeline: steps × original positions")
-    st.plotly_chart(charts.kv_timeline_figure(tr.steps, n_positions=n_pos), key="kv_timeline")
+    st.subheader("Eviction timeline: steps × original positions, one layer")
+    budgets = charts.kv_budgets(tr.steps[-1])
+    n_layers = 1 if budgets is None else len(budgets)
+    layer = 0
+    if n_layers > 1:
+        layer = st.selectbox(
+            "Layer", list(range(n_layers)), key="kv_layer",
+            help="Each layer keeps its own positions; the timeline shows one layer's cache.",
+        )  # fmt: skip
+    sel = sess.selected_step()
+    st.plotly_chart(
+        charts.kv_timeline_figure(tr.steps, n_positions=n_pos, layer=layer, selected=sel),
+        key="kv_timeline",
+    )
+    held = charts.kv_layer_positions(tr.steps[-1], layer)
+    held_n = len(tr.steps[-1].cache_positions) if held is None else len(held)
+    budget = "" if budgets is None else f" (budget {budgets[layer]})"
+    st.caption(
+        f"**Kept**: the position's keys and values are still in layer {layer}'s cache after "
+        "the step's eviction, so later queries in that layer can read them. **Evicted**: "
+        "written earlier and dropped. Blank: not yet written. At the last step layer "
+        f"{layer} holds {style.count(held_n, 'position')}{budget}. "
+        + ("The line marks the selected step." if sel is not None else "")
+    )
     st.subheader("Cache size per step")
     bpt = kv_bytes_per_token(tr.model)
     st.plotly_chart(

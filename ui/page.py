@@ -394,21 +394,56 @@ def whatif_banner(ctx: PageContext) -> None:
     if wi is None or not params_changed(ctx):
         return
     if wi.first_diff is None:
-        st.success(
+        text = (
             f"What-if: the sliders moved after generation. Replaying the {wi.n} recorded steps "
-            f"through the core ({1e3 * wi.seconds:.0f} ms, no model run) changes no choice.",
-            icon=":material/replay:",
+            f"through the core ({1e3 * wi.seconds:.0f} ms, no model run) changes no choice."
         )
+        if wi.n_approximate:
+            # the record cannot decide these picks, so "no change" there is an estimate too
+            why = next(w for w in wi.why if w is not None)
+            text += (
+                f" {wi.n_approximate:,} of the {wi.n:,} picks "
+                f"{'is an estimate' if wi.n_approximate == 1 else 'are estimates'} (≈): "
+                f"{escape.markdown(why)}."
+            )
+        st.success(text, icon=":material/replay:")
     else:
         k = wi.first_diff
-        rec = ctx.steps[k]
-        new = escape.markdown(display_token(ctx.labels([wi.token_ids[k]])[0]))
-        old = escape.markdown(display_token(rec.token_text))
+        pick = first_pick(ctx)
+        old = escape.markdown(display_token(ctx.steps[k].token_text))
+        new = escape.markdown(pick.label)
+        replayed = f"replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, no model run"
+        guess = escape.markdown(display_token(ctx.labels([wi.token_ids[k]])[0]))
+        if pick.decoded and pick.token_id == ctx.trace.token_ids[k]:
+            what = (
+                f"the model's decode below keeps **{old}** at step **{k}**, where the replay "
+                f"of the record estimated **{guess}** ({replayed})"
+            )
+        elif pick.decoded and pick.token_id != wi.token_ids[k]:
+            what = (
+                f"with these sliders step **{k}** would pick **{new}** instead of **{old}**: "
+                f"the model's decode below picks it, where the replay of the record estimated "
+                f"**{guess}** ({replayed})"
+            )
+        elif pick.decoded:
+            what = (
+                f"with these sliders step **{k}** would pick **{new}** instead of **{old}** "
+                f"({replayed}; the model's decode below picks it too)"
+            )
+        elif pick.why is not None:
+            what = (
+                f"with these sliders step **{k}** would pick **≈ {new}** instead of "
+                f"**{old}** ({replayed}). An estimate: {escape.markdown(pick.why)}; the "
+                "model's decode below shows its real pick"
+            )
+        else:
+            what = (
+                f"with these sliders step **{k}** would pick **{new}** instead of **{old}** "
+                f"({replayed})"
+            )
         c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.warning(
-            f"What-if: with these sliders step **{k}** would pick **{new}** instead of "
-            f"**{old}** (replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, "
-            "no model run). Views show the replay; steps from the marked one on are "
+            f"What-if: {what}. Views show the replay; steps from the marked one on are "
             "counterfactual.",
             icon=":material/alt_route:",
         )
@@ -421,6 +456,34 @@ def whatif_banner(ctx: PageContext) -> None:
         )  # fmt: skip
     if wi.note:
         st.caption(wi.note)
+
+
+@dataclass(frozen=True)
+class FirstPick:
+    """The what-if's pick at its first changed step, as the banner and the ghost text show it.
+
+    ``decoded``: the ghost decode (a real model run) has made it, so it is the truth; else it
+    is the replay's pick, an estimate where ``why`` says what the record cannot decide."""
+
+    token_id: int
+    label: str
+    decoded: bool
+    why: str | None
+
+
+def first_pick(ctx: PageContext) -> FirstPick | None:
+    """The pick at ``ctx.first_diff``: the ghost's first token once decoded under the current
+    sliders, else the replay's (exact unless ``why``)."""
+    wi, k = ctx.wi, ctx.first_diff
+    if wi is None or k is None:
+        return None
+    g = ctx.sess.ghost
+    if g is not None and g.at == k and g.params == ctx.params and g.tokens:
+        t = int(g.tokens[0])
+        return FirstPick(t, display_token(ctx.labels([t])[0]), True, None)
+    t = int(wi.token_ids[k])
+    why = wi.why[k] if k < len(wi.why) else None
+    return FirstPick(t, display_token(ctx.labels([t])[0]), False, why)
 
 
 def _regenerate(sess: SessionData, settings: Settings, k: int) -> None:

@@ -70,7 +70,10 @@ __all__ = [
     "gravity_terms_figure",
     "head_contributions_figure",
     "kv_eval_figure",
+    "kv_budgets",
+    "kv_layer_positions",
     "kv_timeline_figure",
+    "kv_timeline_matrix",
     "lens_grid_figure",
     "lens_layers_figure",
     "lens_row_labels",
@@ -814,40 +817,84 @@ def gravity_terms_figure(
 # --------------------------------------------------------------------------------------------
 
 
+def kv_layer_positions(rec: StepRecord, layer: int) -> np.ndarray | None:
+    """Original positions ``layer`` holds after step ``rec``'s eviction (None: no eviction
+    record, so every layer holds ``rec.cache_positions``)."""
+    ev = rec.eviction or {}
+    lp = ev.get("positions")
+    if lp is None:
+        return None
+    lp = _np(lp).astype(int)
+    lp = lp.reshape(1, -1) if lp.ndim == 1 else lp
+    if not 0 <= layer < lp.shape[0]:
+        raise ValueError(f"layer {layer} is out of range: the record has {lp.shape[0]} layers")
+    row = lp[layer]
+    return row[row >= 0]
+
+
+def kv_budgets(rec: StepRecord) -> list[int] | None:
+    """Each layer's budget in step ``rec``'s eviction record (None: no eviction record)."""
+    b = (rec.eviction or {}).get("budget")
+    return None if b is None else [int(x) for x in _np(b).reshape(-1)]
+
+
+def kv_timeline_matrix(
+    steps: Sequence[StepRecord], *, n_positions: int, layer: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps × original positions for one layer: 1 kept after the step's eviction, 0 written
+    earlier and evicted, NaN not yet written; and the policy's score of each kept position.
+
+    One layer at a time: a policy such as H2O keeps its own positions in each layer, so the
+    union over layers holds many more positions than any layer's cache does."""
+    z = np.full((len(steps), n_positions), np.nan, dtype=np.float32)
+    score = np.full((len(steps), n_positions), np.nan, dtype=np.float32)
+    for r, rec in enumerate(steps):
+        ev = rec.eviction or {}
+        # written: every position the step's forward has seen, its own query included
+        upto = min(int(ev.get("n_seen", rec.position)), n_positions)
+        z[r, :upto] = 0.0
+        held = kv_layer_positions(rec, layer)
+        if held is None:
+            held = rec.cache_positions.long().numpy()
+        else:
+            sc = ev.get("scores")
+            if sc is not None:
+                sc = _np(sc).astype(np.float32)
+                sc = sc.reshape(1, -1) if sc.ndim == 1 else sc
+                ok = held < n_positions
+                score[r, held[ok]] = sc[layer][: len(held)][ok]
+        z[r, held[held < n_positions]] = 1.0
+    return z, score
+
+
 def kv_timeline_figure(
     steps: Sequence[StepRecord],
     *,
     n_positions: int,
+    layer: int = 0,
+    selected: int | None = None,
     max_cols: int = MAX_COLS,
     max_rows: int = MAX_ROWS,
 ) -> go.Figure:
-    """Steps × original positions: kept (green), evicted (red), not yet written (blank).
+    """Steps × original positions in one layer's cache: kept, evicted, not yet written (blank).
 
-    Hover shows the policy's score where the step's eviction record has one.
+    Hover shows the policy's score where the step's eviction record has one; ``selected``
+    marks that step with a line across the chart.
     """
     idx = list(range(len(steps)))
     if len(idx) > max_rows:
         idx = np.unique(np.linspace(0, len(steps) - 1, max_rows).astype(int)).tolist()
-    z = np.full((len(idx), n_positions), np.nan, dtype=np.float32)
-    score = np.full((len(idx), n_positions), np.nan, dtype=np.float32)
-    for r, i in enumerate(idx):
-        rec = steps[i]
-        upto = min(rec.position, n_positions)
-        z[r, :upto] = 0.0
-        pos = rec.cache_positions.long().numpy()
-        z[r, pos[pos < n_positions]] = 1.0
-        ev = rec.eviction or {}
-        sc, sp = ev.get("scores"), ev.get("positions")
-        if sc is not None and sp is not None:
-            sc = _np(sc).reshape(-1)
-            sp = _np(sp).astype(int).reshape(-1)
-            ok = sp < n_positions
-            score[r, sp[ok]] = sc[: len(sp)][ok]
+    z, score = kv_timeline_matrix([steps[i] for i in idx], n_positions=n_positions, layer=layer)
     if n_positions > max_cols:
-        # binned: the share of each bin still cached, mean score
-        zz, starts = bin_columns(np.nan_to_num(z, nan=0.0), max_cols, how="mean")
+        # binned: the share of each bin's written positions still cached; a bin nothing has
+        # been written to stays blank
+        written = ~np.isnan(z)
+        kept, starts = bin_columns(np.nan_to_num(z, nan=0.0), max_cols, how="sum")
+        seen, _ = bin_columns(written.astype(np.float32), max_cols, how="sum")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(seen > 0, kept / np.maximum(seen, 1), np.nan)
         ss, _ = bin_columns(np.nan_to_num(score, nan=0.0), max_cols, how="mean")
-        z, score, xs = zz, ss, starts
+        z, score, xs = share, ss, starts
         hover = "step %{y}<br>positions from %{x}<br>share kept %{z:.2f}<extra></extra>"
     else:
         xs = np.arange(n_positions)
@@ -855,10 +902,17 @@ def kv_timeline_figure(
     fig = go.Figure(
         go.Heatmap(
             z=z, x=xs, y=idx, customdata=score, zmin=0, zmax=1, colorscale=style.KV_SCALE,
-            colorbar={"title": "kept", "tickvals": [0, 1], "ticktext": ["evicted", "kept"]},
+            colorbar={"title": f"layer {layer}", "tickvals": [0, 1],
+                      "ticktext": ["evicted", "kept"]},
             hovertemplate=hover, hoverongaps=False,
         )
     )  # fmt: skip
+    if selected is not None and 0 <= selected < len(steps):
+        # a dashed grey line: the focus yellow sits too close to the evicted orange
+        fig.add_hline(
+            y=selected, line={"color": style.REFERENCE, "width": 2, "dash": "dash"},
+            annotation_text=f"step {selected}", annotation_position="top left",
+        )  # fmt: skip
     fig.update_yaxes(title="step", autorange="reversed")
     fig.update_xaxes(title="original position")
     return _layout(fig, None, 420)

@@ -62,6 +62,8 @@ __all__ = [
     "FOCUS_ALPHA",
     "FREE_ENERGY",
     "KEPT",
+    "KV_EVICTED",
+    "KV_KEPT",
     "KV_SCALE",
     "LOWER_RANKED",
     "POLICY",
@@ -132,7 +134,11 @@ POLICY = {
 PROBABILITY_SCALE = "Blues"
 ENTROPY_SCALE = "Teal"
 ATTENTION_SCALE = "Viridis"
-KV_SCALE = [[0.0, "rgba(214,39,40,0.55)"], [1.0, "rgba(44,160,44,0.8)"]]  # CUT → KEPT
+# evicted → kept: orange and blue (Okabe-Ito), told apart under every common colour-vision
+# deficiency, unlike the red/green pair of CUT and KEPT
+KV_EVICTED = "#e69f00"
+KV_KEPT = "#0072b2"
+KV_SCALE = [[0.0, "rgba(230,159,0,0.6)"], [1.0, "rgba(0,114,178,0.9)"]]  # KV_EVICTED → KV_KEPT
 EXPORT_TEMPLATE = "plotly_white"  # reports are light pages; the app follows the viewer
 
 

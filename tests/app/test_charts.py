@@ -269,3 +269,64 @@ def test_report_shows_the_whatif_and_says_so(run, tmp_path):
         "state": "what-if", "params": wi.params.to_dict(), "first_diff": wi.first_diff,
     }  # fmt: skip
     assert "class='state state-whatif'" in rep.html.read_text()
+
+
+def test_kv_timeline_draws_one_layer_at_its_budget(tiny_lm):
+    """H2O keeps its own positions per layer: each layer's row holds exactly the budget, the
+    positions a step has not written are blank (not evicted), and the selected step is
+    marked."""
+    from semviz import eviction as ev
+
+    budget = 8
+    dec = Decoder(tiny_lm, "Once upon a time in a land far away", PruneParams(temperature=0),
+                  DecodeSettings(seed=0, chat=False), eviction=ev.make_policy("h2o", budget=budget))  # fmt: skip
+    dec.run(12)
+    steps = dec.trace.steps
+    n = len(dec.trace.prompt_ids) + len(steps)
+    n_layers = len(charts.kv_budgets(steps[-1]))
+    assert charts.kv_budgets(steps[-1]) == [budget] * n_layers
+    unions = set()
+    for layer in range(n_layers):
+        z, _ = charts.kv_timeline_matrix(steps, n_positions=n, layer=layer)
+        for r, rec in enumerate(steps):
+            seen = rec.eviction["n_seen"]
+            # kept per layer: min(seen, budget) positions, each one the record holds
+            assert int(np.nansum(z[r])) == min(seen, budget)
+            held = charts.kv_layer_positions(rec, layer)
+            assert sorted(np.flatnonzero(z[r] == 1).tolist()) == sorted(held.tolist())
+            assert (z[r, :seen] == 0).sum() == seen - min(seen, budget)
+            assert np.isnan(z[r, seen:]).all() and z[r, seen:].size == n - seen
+        unions.add(tuple(np.flatnonzero(z[-1] == 1).tolist()))
+    # the layers keep different positions, so the union over layers, which the query of the
+    # step read (cache_positions), holds more than any one layer's cache
+    union = set().union(*map(set, unions))
+    assert len(union) > budget
+    assert union <= set(steps[-1].cache_positions.tolist())
+
+    fig = charts.kv_timeline_figure(steps, n_positions=n, layer=1, selected=5)
+    validated(fig)
+    assert [s.y0 for s in fig.layout.shapes] == [5] and fig.layout.shapes[0].y1 == 5
+    assert fig.data[0].colorbar.title.text == "layer 1"
+    z1, _ = charts.kv_timeline_matrix(steps, n_positions=n, layer=1)
+    np.testing.assert_array_equal(np.array(fig.data[0].z, dtype=float), z1)
+    assert not validated(charts.kv_timeline_figure(steps, n_positions=n)).layout.shapes
+    with pytest.raises(ValueError, match="layer 99 is out of range"):
+        charts.kv_timeline_figure(steps, n_positions=n, layer=99)
+
+
+def test_binned_kv_timeline_leaves_unwritten_positions_blank(tiny_lm):
+    from semviz import eviction as ev
+
+    dec = Decoder(tiny_lm, "Once upon a time", PruneParams(temperature=0),
+                  DecodeSettings(seed=0, chat=False), eviction=ev.make_policy("h2o", budget=4))  # fmt: skip
+    dec.run(6)
+    steps = dec.trace.steps
+    n = 3000  # far more positions than written: the binned view
+    fig = charts.kv_timeline_figure(steps, n_positions=n, layer=0, max_cols=100)
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (6, 100)
+    # bin 0 holds every written position (fewer than 30); the other bins are unwritten
+    assert np.isnan(z[:, 1:]).all()
+    for r, rec in enumerate(steps):
+        seen = rec.eviction["n_seen"]
+        assert z[r, 0] == pytest.approx(min(seen, 4) / seen)

@@ -337,3 +337,29 @@ def test_compare_stopped_keeps_its_tokens_and_lets_the_caches_go(app):
     assert 0 < min(made) and max(made) < 200
     said = [c.value for c in app.caption if "first divergence" in c.value]
     assert " · stopped · " in said[0], said
+
+
+def test_kv_timeline_shows_one_layer_of_an_h2o_run(app):
+    app.session_state["s_kv_policy"] = "h2o"
+    app.session_state["s_kv_budget"] = 8
+    app.session_state["s_chat"] = False
+    run_steps(app, 12)
+    app.switch_page("app_pages/kv_cache.py").run()
+    assert not app.exception
+    tr = app.session_state["semviz"].decoder.trace
+    n_layers = len(tr.steps[-1].eviction["budget"])
+    picker = app.selectbox(key="kv_layer")
+    assert picker.options == [str(i) for i in range(n_layers)] and picker.value == 0
+
+    def caption() -> list[str]:
+        return [c.value for c in app.caption if c.value.startswith("**Kept**")]
+
+    assert caption() == [
+        "**Kept**: the position's keys and values are still in layer 0's cache after the "
+        "step's eviction, so later queries in that layer can read them. **Evicted**: written "
+        "earlier and dropped. Blank: not yet written. At the last step layer 0 holds 8 "
+        "positions (budget 8). The line marks the selected step."
+    ]
+    picker.set_value(n_layers - 1).run()
+    assert not app.exception
+    assert f"layer {n_layers - 1} holds 8 positions (budget 8)" in caption()[0]
