@@ -282,9 +282,11 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
         ))  # fmt: skip
     if "eviction" in trace.settings:
         out.append(View(
-            "kv_timeline", "KV cache: kept and evicted positions",
-            "Steps × original positions: green kept, red evicted.",
-            charts.kv_timeline_figure(steps, n_positions=len(ctx_tokens)),
+            "kv_timeline", "KV cache: kept and evicted positions, layer 0",
+            "Steps × original positions in layer 0's cache: blue kept, orange evicted, blank "
+            "not yet written. Each layer keeps its own positions; the app's KV page picks the "
+            "layer.",
+            charts.kv_timeline_figure(steps, n_positions=len(ctx_tokens), layer=0, selected=sel),
         ))  # fmt: skip
     m = trace.model
     bpt = None
