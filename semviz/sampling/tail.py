@@ -297,27 +297,41 @@ class _Space:
         self.weights(beta)
         return self._cache[beta][3]
 
-    def _above(self, v: Tensor, edge: Tensor, order: Tensor, vals: Tensor) -> Tensor:
-        """``Σ vals[edge ≥ v]`` for each ``v`` (M,), by one sort and a cumulative sum."""
+    def _above(
+        self, v: Tensor, edge: Tensor, order: Tensor, vals: Tensor, *, strict: bool = False
+    ) -> Tensor:
+        """``Σ vals[edge ≥ v]`` (``edge > v`` with ``strict``) for each ``v`` (M,), by one
+        sort and a cumulative sum."""
         if edge.numel() == 0:
             return torch.zeros(v.shape, dtype=torch.float64)
         e = edge[order]  # ascending
         tail_sum = torch.cat(
             [vals[order].flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=vals.dtype)]
         )
-        return tail_sum[torch.searchsorted(e, v, right=False)]
+        return tail_sum[torch.searchsorted(e, v, right=strict)]
 
     def mass_at(self, v: Tensor, beta: float, *, upper: bool) -> Tensor:
         """For each threshold ``v`` (M,), the most (``upper``) or least mass ``{s ≥ v}`` can
         hold at β: candidates exactly, bins reaching ``v`` at their high bound, or bins
         wholly above it at their low bound."""
-        w, blo, bhi = self.weights(beta)
-        ws = w[self.finite].flip(0)  # ascending scores
-        cw = torch.cat([ws.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.float64)])
+        key = ("sums", beta, upper)
+        sums = self._cache.get(key)
+        if sums is None:  # suffix sums per β, reused by every threshold a step asks about
+            w, blo, bhi = self.weights(beta)
+            ws = w[self.finite].flip(0)  # ascending scores
+            cw = torch.cat([ws.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.float64)])
+            edge, order, vals = (self.c, self._c_order, bhi) if upper else (
+                self.a, self._a_order, blo)  # fmt: skip
+            e = edge[order]  # ascending
+            tail = torch.cat(
+                [vals[order].flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.float64)]
+            )
+            sums = self._cache[key] = (cw, e, tail)
+        cw, e, tail = sums
         atoms = cw[torch.searchsorted(self._s_asc, v, right=False)]
-        if upper:
-            return atoms + self._above(v, self.c, self._c_order, bhi)
-        return atoms + self._above(v, self.a, self._a_order, blo)
+        if e.numel() == 0:
+            return atoms
+        return atoms + tail[torch.searchsorted(e, v, right=False)]
 
     def mass(self, th: tuple[float, float], beta: float) -> tuple[float, float]:
         """Bounds on ``Σ exp(β·s - shift)`` over the kept set ``{s ≥ θ}``, θ in ``th``."""
@@ -402,11 +416,11 @@ def _ahead(sp: _Space, th_in: tuple[float, float], beta: float) -> tuple[Tensor,
     if sp.n.numel():
         # bins wholly above place j count at least their low bound (if surely in the
         # input); bins reaching up to j's score at most their high bound (ties: any order)
-        full_in = (sp.a >= hi_in).double()
-        any_in = (sp.c >= lo_in).double()
-        s = sp.s.unsqueeze(1)
-        ahead_lo = ahead_lo + ((sp.a.unsqueeze(0) > s).double() * full_in) @ blo
-        ahead_hi = ahead_hi + ((sp.c.unsqueeze(0) >= s).double() * any_in) @ bhi
+        # (sorted sums rather than a (K, B) matrix: this runs for every replayed step)
+        full_in = torch.where(sp.a >= hi_in, blo, torch.zeros_like(blo))  # (B,)
+        any_in = torch.where(sp.c >= lo_in, bhi, torch.zeros_like(bhi))  # (B,)
+        ahead_lo = ahead_lo + sp._above(sp.s, sp.a, sp._a_order, full_in, strict=True)
+        ahead_hi = ahead_hi + sp._above(sp.s, sp.c, sp._c_order, any_in)
     return ahead_lo, ahead_hi, sure_w
 
 
