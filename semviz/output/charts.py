@@ -835,7 +835,16 @@ def kv_layer_positions(rec: StepRecord, layer: int) -> np.ndarray | None:
 def kv_budgets(rec: StepRecord) -> list[int] | None:
     """Each layer's budget in step ``rec``'s eviction record (None: no eviction record)."""
     b = (rec.eviction or {}).get("budget")
-    return None if b is None else [int(x) for x in _np(b).reshape(-1)]
+    return None if b is None else [_count(x, 0) for x in _np(b).reshape(-1)]
+
+
+def _count(value, default: int) -> int:
+    """A count read from a trace's free-form record, or ``default`` when it is not one (a
+    loaded file may hold anything there)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return int(default)
 
 
 def kv_timeline_matrix(
@@ -851,7 +860,8 @@ def kv_timeline_matrix(
     for r, rec in enumerate(steps):
         ev = rec.eviction or {}
         # written: every position the step's forward has seen, its own query included
-        upto = min(int(ev.get("n_seen", rec.position)), n_positions)
+        upto = _count(ev.get("n_seen"), rec.position)
+        upto = max(0, min(upto, n_positions))
         z[r, :upto] = 0.0
         held = kv_layer_positions(rec, layer)
         if held is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from semviz.output.style import display_token
-from tests.e2e.conftest import ARTIFACTS, ROOT
+from tests.e2e.conftest import ARTIFACTS, ROOT, nav_click
 from tests.e2e.test_browser import no_traceback, tokens, wait_idle
 from ui.state import DEFAULT_PROMPT
 
@@ -112,10 +112,10 @@ def test_click_a_token_then_branch_from_an_alternative(browser, app_url):
         wait_idle(page)
         assert query(page)["step"] == "5"
         assert page.locator(".semviz-strip .tok.sel").get_attribute("data-step") == "5"
-        page.get_by_role("link", name="Distributions").first.click()
+        nav_click(page, "Distributions")
         wait_idle(page)
         assert query(page)["step"] == "5"
-        page.get_by_role("link", name="Generate").first.click()
+        nav_click(page, "Generate")
         page.wait_for_selector(".semviz-strip .tok", timeout=60_000)
         wait_idle(page)
 
@@ -198,11 +198,11 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         page.screenshot(path=str(ARTIFACTS / "generate_after_run_details.png"))
         page.locator(".semviz-strip .tok").nth(2).click()
         wait_idle(page)
-        page.get_by_role("link", name="Thermodynamics").first.click()
+        nav_click(page, "Thermodynamics")
         wait_idle(page)
         link = page.evaluate("location.href")
         assert query(page)["steps"] == "6" and query(page)["step"] == "2"
-        page.get_by_role("link", name="Generate").first.click()
+        nav_click(page, "Generate")
         wait_idle(page)
         made = tokens(page)
     finally:
@@ -217,7 +217,7 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         no_traceback(page)
         assert "/thermodynamics" in page.evaluate("location.href") and query(page)["step"] == "2"
         assert page.locator(".js-plotly-plot").count() >= 1
-        page.get_by_role("link", name="Generate").first.click()
+        nav_click(page, "Generate")
         wait_idle(page)
         assert tokens(page) == made
     finally:
@@ -264,7 +264,7 @@ def test_stop_on_a_long_task(browser, app_url):
         # on another page the task's panel (progress and Stop) heads the page
         page.get_by_role("button", name="Run 400", exact=True).click()
         page.wait_for_selector(".st-key-job_stop", timeout=120_000)
-        page.get_by_role("link", name="Thermodynamics").first.click()
+        nav_click(page, "Thermodynamics")
 
         def made() -> int:
             m = re.search(r"Run 400: (\d+) / 400 tokens", page.inner_text("body"))
@@ -281,7 +281,7 @@ def test_stop_on_a_long_task(browser, app_url):
         assert status_steps() > first  # it ticks with the task, not only when it ends
         kept = press_stop_once(page, made, "Thermodynamics")
         no_traceback(page)
-        page.get_by_role("link", name="Generate").first.click()
+        nav_click(page, "Generate")
         assert wait_done(page) == n + kept
     finally:
         ctx.close()
