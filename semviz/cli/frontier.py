@@ -80,16 +80,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="fill the judge's scores of --out's rows that lack them, then summarise",
     )
-    p.add_argument(
-        "--workers", type=common.int_arg(1, 4096), default=None,
-        help="run the batches on N Ray workers (a local Ray started here unless --address)",
-    )  # fmt: skip
-    p.add_argument(
-        "--address",
-        type=common.ray_address,
-        default=None,
-        help="join this Ray cluster (auto, local or host:port)",
-    )
+    common.add_ray_args(p, "the batches")
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the table as Markdown")

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from semviz.cli.common import add_model_args, int_arg, print_json, progress_bar, ray_address
+from semviz.cli.common import add_model_args, add_ray_args, int_arg, print_json, progress_bar
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "pride_and_prejudice_ch1-3.txt"
 MAX_TEXT_BYTES = 64 << 20  # never read more of --text than this, whatever --tokens asks
@@ -42,16 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="a UTF-8 text file; repeat for a grid over several texts (default: the shipped "
         "Pride and Prejudice chapters)",
     )
-    p.add_argument(
-        "--workers", type=int_arg(1, 4096), default=None,
-        help="run the grid's (text, budget) shards on N Ray workers (a local Ray started here)",
-    )  # fmt: skip
-    p.add_argument(
-        "--address",
-        type=ray_address,
-        default=None,
-        help="join this Ray cluster (auto, local or host:port)",
-    )
+    add_ray_args(p, "the grid's (text, budget) shards")
     p.add_argument(
         "--tokens", type=int_arg(2, 1 << 20), default=1024, help="tokens of the text to read"
     )

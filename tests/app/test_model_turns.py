@@ -8,10 +8,34 @@ on from an example, the prefill scan, kv-eval and Compare. The count must be 0.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 
 from semviz.model.queue import QUEUE
 from tests.app.conftest import GENERATE, run_steps
+
+
+@contextlib.contextmanager
+def _turns(lm):
+    """Count the model's forwards made inside a queue turn (``inside[0]``) and keep the stack
+    of each one made outside (``outside``), while the block runs."""
+    outside: list[str] = []
+    inside = [0]
+
+    def count(module, args) -> None:
+        with QUEUE._cond:
+            held = QUEUE._held()
+        if held is None:
+            outside.append("".join(traceback.format_stack(limit=40)))
+        else:
+            inside[0] += 1
+
+    # the first layer: every forward passes through it, whether or not it runs the LM head
+    hook = lm.model.model.layers[0].register_forward_pre_hook(count)
+    try:
+        yield inside, outside
+    finally:
+        hook.remove()
 
 
 def _until_idle(at, limit: int = 300) -> None:
@@ -29,20 +53,7 @@ def test_every_forward_from_every_page_takes_a_turn(app):
     from ui.model import get_model
 
     lm = get_model(app.session_state["settings"].model_name())
-    outside: list[str] = []
-    inside = [0]
-
-    def count(module, args) -> None:
-        with QUEUE._cond:
-            held = QUEUE._held()
-        if held is None:
-            outside.append("".join(traceback.format_stack(limit=40)))
-        else:
-            inside[0] += 1
-
-    # the first layer: every forward passes through it, whether or not it runs the LM head
-    hook = lm.model.model.layers[0].register_forward_pre_hook(count)
-    try:
+    with _turns(lm) as (inside, outside):
         app.button(key="btn_step").click().run()  # the prefill and the first token
         _until_idle(app)
         run_steps(app, 6)
@@ -87,8 +98,6 @@ def test_every_forward_from_every_page_takes_a_turn(app):
         _until_idle(app)
         for page in ("distributions", "thermodynamics", "attention", "lens", "presenter", "report"):
             app.switch_page(f"app_pages/{page}.py").run()
-    finally:
-        hook.remove()
     assert not app.exception, app.exception
     assert inside[0] > 50  # the pages above did run the model
     assert outside == [], "\n\n".join(outside)
@@ -101,19 +110,7 @@ def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
     from ui.model import get_model
 
     lm = get_model(app.session_state["settings"].model_name())
-    outside: list[str] = []
-    inside = [0]
-
-    def count(module, args) -> None:
-        with QUEUE._cond:
-            held = QUEUE._held()
-        if held is None:
-            outside.append("".join(traceback.format_stack(limit=40)))
-        else:
-            inside[0] += 1
-
-    hook = lm.model.model.layers[0].register_forward_pre_hook(count)
-    try:
+    with _turns(lm) as (inside, outside):
         app.switch_page("app_pages/frontier.py").run()
         app.text_input(key="fr_values").set_value("0.7")
         app.number_input(key="fr_n").set_value(1)
@@ -125,8 +122,6 @@ def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
         deadline = time.monotonic() + 300
         while job["running"] and time.monotonic() < deadline:
             time.sleep(0.2)
-    finally:
-        hook.remove()
     assert not job["running"] and not job.get("error"), job.get("error")
     assert inside[0] >= 4  # the prompt and the new tokens of each setting
     assert outside == [], "\n\n".join(outside)
