@@ -27,7 +27,8 @@ if page.need_trace(ctx):
         kept = res.kept.numpy()
     else:  # as recorded: a candidate the filters cut has no final probability
         kept = stages["final"] > 0 if "final" in stages else None
-    token = charts.display_token(labels[chosen] if 0 <= chosen < len(labels) else rec.token_text)
+    taken = ctx.taken(i) if res is not None else rec.token_id
+    token = charts.display_token(ctx.labels([taken])[0])
     st.subheader(f"Step {i}: {token} — the distribution at every stage")
     fig = charts.distribution_figure(
         labels, stages, kept=kept, chosen=chosen, mode=mode or "side", top=top
@@ -35,7 +36,9 @@ if page.need_trace(ctx):
     views.chart(fig, key="dist_stages")
     notes = ["The yellow band is the token taken"]
     if chosen < 0:
-        notes[0] = "The token taken is outside the recorded candidates"
+        notes[0] = (
+            f"The token taken, {token}, is outside the {rec.cand_ids.numel():,} recorded candidates"
+        )
     elif chosen >= top:
         notes[0] += f" (rank {chosen + 1}, drawn after the top {top})"
     notes.append(

@@ -81,7 +81,7 @@ else:
     res = wi.results[i] if wi is not None else None
     chosen = wi.chosen[i] if wi is not None else rec.chosen_rank
     cand = rec.cand_ids.tolist()
-    token = ctx.labels((cand[chosen],))[0] if chosen >= 0 else rec.token_text
+    token = ctx.labels((wi.token_ids[i] if wi is not None else rec.token_id,))[0]
     stages = charts.step_stages(rec, res)
 
     c0, c1, c2 = st.columns([1, 14, 1], vertical_alignment="center")

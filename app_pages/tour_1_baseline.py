@@ -41,7 +41,7 @@ if page.need_trace(ctx):
         kept = res.kept.numpy()
     else:  # as recorded: a candidate the filters cut has no final probability
         kept = stages["final"] > 0 if "final" in stages else None
-    token = labels[chosen] if 0 <= chosen < len(labels) else rec.token_text
+    token = ctx.labels([ctx.taken(i) if res is not None else rec.token_id])[0]
     st.subheader(f"Step {i}: from logits to the token {charts.display_token(token)}")
     views.chart(
         charts.distribution_figure(labels, keep, kept=kept, chosen=chosen, mode="side", top=20),

@@ -78,6 +78,13 @@ class PageContext:
             return self.wi.chosen[i]
         return self.steps[i].chosen_rank
 
+    def taken(self, i: int) -> int:
+        """Token id step ``i`` takes under the current sliders (a what-if can take a token
+        outside the recorded candidates, whose candidate index is then -1)."""
+        if self.wi is not None and i < len(self.wi.token_ids):
+            return int(self.wi.token_ids[i])
+        return int(self.steps[i].token_id)
+
     def result(self, i: int):
         """The what-if ``PruneResult`` of step ``i`` (None: use the recorded values)."""
         if self.wi is None or i >= len(self.wi.results):

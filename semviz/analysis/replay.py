@@ -11,8 +11,11 @@ binned summary (:mod:`semviz.sampling.tail`), which bounds the tail's mass at an
 temperature. A step's pick is exact, what a live decode with the new settings picks from
 the same draw, when every vocabulary consistent with the record makes the same pick; where
 it depends on tokens the record does not hold (the draw lands in the tail, or too near a
-boundary the bounds leave open), the step is marked ``approximate`` with the reason in
-``why``, and the pick shown is an estimate with the draw scaled by the new tail's share.
+boundary the bounds leave open), a record that holds the step's every raw logit
+(``StepRecord.full_logits``, recorded by default) runs the live chain over the whole
+vocabulary instead, which picks what the live decode picks; only without them is the step
+marked ``approximate`` with the reason in ``why``, and the pick shown is an estimate with the
+draw scaled by the new tail's share.
 
 Gravity needs the context's vectors. When the settings ask for a gravity the trace did not
 record (λ was 0, or any field that shapes ``G`` differs: ``PruneParams.gravity_params``), it
@@ -61,7 +64,8 @@ class WhatIf:
     Attributes
     ----------
     results : one ``PruneResult`` per step, over that step's recorded candidates (K,).
-    chosen : the candidate index each step would pick (into ``cand_ids``).
+    chosen : the candidate index each step would pick (into ``cand_ids``); -1 for a token
+        outside the candidates, which a record with every raw logit can pick.
     token_ids : the token each step would pick.
     first_diff : first step whose pick differs from the recorded token, or None.
     approximate : per step, True where the pick depends on tokens the record does not hold
@@ -192,11 +196,12 @@ def replay_steps(
     *,
     start: int = 0,
     state: sampling.SamplerState | None = None,
-) -> tuple[list[PruneResult], list[int], list[str | None]]:
+) -> tuple[list[PruneResult], list[int], list[int], list[str | None]]:
     """Re-prune the recorded steps from ``start`` on with ``params``; teacher-forced on the
-    recorded tokens. Returns one result, one pick and one reason per step replayed: the
-    reason is None where the pick is exact (what a live run with ``params`` picks from the
-    same draw), else why the record cannot decide it.
+    recorded tokens. Returns per step replayed one result, one pick (a candidate index, -1
+    for a token outside the candidates), the token picked and one reason: the reason is
+    None where the pick is exact (what a live run with ``params`` picks from the same draw),
+    else why the record cannot decide it.
 
     The sampler state (histories, mirostat mu) advances with the recorded token, because
     the later logits were computed after it. ``state`` is the state before step ``start``
@@ -205,7 +210,7 @@ def replay_steps(
     state = sampling.SamplerState() if state is None else state
     recorded = gravities is None and params == _recorded_params(trace)
     vocab = trace.model.get("vocab_size") if isinstance(trace.model, dict) else None
-    results, chosen, whys = [], [], []
+    results, chosen, tokens, whys = [], [], [], []
     for i in range(start, len(trace.steps)):
         rec = trace.steps[i]
         g = rec.gravity if gravities is None else gravities[i]
@@ -220,8 +225,13 @@ def replay_steps(
         else:
             decision = _decide(rec, res, params, g, gravities is None, mu, vocab)
         why = decision.why
+        token = None
         if decision.index is not None:
             idx = decision.index
+        elif (token := _full_pick(rec, params, g, state)) is not None:
+            # every raw logit is recorded: the live chain itself decides, over the vocabulary
+            hit = (rec.cand_ids == token).nonzero()
+            idx, why = (int(hit[0, 0]) if hit.numel() else -1), None
         else:
             idx = _pick(rec, res, decision.tail_share)
             why = why or "the record cannot decide this pick"
@@ -240,8 +250,9 @@ def replay_steps(
             state.steps += 1
         results.append(res)
         chosen.append(idx)
+        tokens.append(int(rec.cand_ids[idx]) if token is None else token)
         whys.append(why)
-    return results, chosen, whys
+    return results, chosen, tokens, whys
 
 
 def _recorded_params(trace: Trace) -> PruneParams | None:
@@ -275,6 +286,31 @@ def _decide(rec, res: PruneResult, params: PruneParams, g, g_recorded: bool, mu,
         greedy=bool(res.greedy), u=min(max(rec.u, 0.0), 1.0 - 1e-12), entropy=float(rec.entropy),
         gravity=g, gravity_recorded=g_recorded, mirostat_mu=mu, token_rank=rec.chosen_rank,
     )  # fmt: skip
+
+
+def _full_pick(rec, params: PruneParams, g, state: sampling.SamplerState) -> int | None:
+    """The token a live decode with ``params`` picks at ``rec`` from the same draw, from the
+    step's every raw logit (``full_logits``) through the live chain; None where the record
+    lacks them or another input the live chain read: full-mode gravity's ``G`` over the
+    unrecorded tokens, a rerank set wider than the candidates, or mirostat's state (which
+    rests on the probabilities of earlier picks)."""
+    full = rec.full_logits
+    if full is None or params.adaptive == "mirostat":
+        return None
+    gravity = None
+    if g is not None and params.gravity_lambda != 0.0:
+        k, r = rec.cand_ids.numel(), params.rerank_k
+        if params.gravity_mode != "rerank" or r > k:
+            return None
+        if int((full > rec.cand_logits[r - 1]).sum()) >= r:  # the rerank set leaves the record
+            return None
+        g = g.float()
+        if bool(g.max() == g.min()):  # a constant G: the live run's is that constant too
+            gravity = torch.full_like(full, float(g[0]))
+        else:  # only the rerank set, inside the candidates, reads G
+            gravity = torch.zeros_like(full).index_copy_(0, rec.cand_ids.long(), g)
+    res = sampling.prune(full, params, gravity=gravity, state=state)
+    return int(sampling.choose(res, rec.u, state=sampling.SamplerState()))
 
 
 def _pick(rec, res: PruneResult, share: float | None = None) -> int:
@@ -326,20 +362,24 @@ def replay(
             gravities = cache.get(model, trace, params, hidden)
             note = _degraded(trace, params, hidden, len(trace.steps))[1]
     state = sampling.SamplerState()
-    results, chosen, whys = replay_steps(trace, params, gravities, state=state)
+    results, chosen, tokens, whys = replay_steps(trace, params, gravities, state=state)
     w = WhatIf(params=params, n=0, results=[], chosen=[], token_ids=[], first_diff=None,
                note=note, state=state if gravities is None else None)  # fmt: skip
-    _append(w, trace, results, chosen, whys)
+    _append(w, trace, results, chosen, tokens, whys)
     w.seconds = time.perf_counter() - t0
     return w
 
 
 def _append(
-    w: WhatIf, trace: Trace, results: list[PruneResult], chosen: list[int], whys: list
+    w: WhatIf,
+    trace: Trace,
+    results: list[PruneResult],
+    chosen: list[int],
+    ids: list[int],
+    whys: list,
 ) -> None:
     """Add the replayed steps ``w.n`` on to ``w``."""
     new = trace.steps[w.n : w.n + len(results)]
-    ids = [int(rec.cand_ids[c]) for rec, c in zip(new, chosen, strict=True)]
     if w.first_diff is None:
         w.first_diff = next(
             (w.n + i for i, (t, rec) in enumerate(zip(ids, new, strict=True)) if t != rec.token_id),
@@ -366,10 +406,10 @@ def extend(w: WhatIf, trace: Trace) -> WhatIf | None:
         return None
     t0 = time.perf_counter()
     state = w.state.copy()
-    results, chosen, whys = replay_steps(trace, w.params, start=n, state=state)
+    results, chosen, tokens, whys = replay_steps(trace, w.params, start=n, state=state)
     out = dataclasses.replace(w, results=list(w.results), chosen=list(w.chosen),
                               token_ids=list(w.token_ids), state=state)  # fmt: skip
-    _append(out, trace, results, chosen, whys)
+    _append(out, trace, results, chosen, tokens, whys)
     out.seconds = time.perf_counter() - t0
     return out
 

@@ -31,6 +31,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="record what the logit lens and direct logit attribution read: the residual "
         "stream and head outputs at each step (default on; off for a smaller file)",
     )  # fmt: skip
+    p.add_argument(
+        "--full-logits", choices=("on", "off"), default="on",
+        help="record every raw logit of each step, so that replay is exact at any setting "
+        "(default on: 4 bytes a vocabulary entry a step; off for a smaller file, where replay "
+        "marks the picks it cannot decide as approximate)",
+    )  # fmt: skip
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
@@ -54,21 +60,35 @@ def run(args: argparse.Namespace) -> int:
     run = common.run_from_args(args)
     lm = common.load(args)
     capture, lens = args.attention == "on", args.lens == "on"
+    full = args.full_logits == "on"
     n_prompt = len(encode_prompt(lm, args.prompt, args.chat))
     # a file replay cannot read is refused before decoding; attention and the lens go first
-    est = estimate_bytes(lm.summary(), n_prompt, args.steps, args.record_k, False)
+    est = estimate_bytes(lm.summary(), n_prompt, args.steps, args.record_k, False, full=False)
     if est > MAX_BYTES:
         raise ValueError(
             f"the trace would be about {est / MiB:,.1f} MiB, over the {MAX_BYTES / MiB:,.1f} "
             "MiB a trace may be: ask for fewer --steps or a smaller --record-k"
         )
-    est = estimate_bytes(lm.summary(), n_prompt, args.steps, args.record_k, capture, lens=lens)
-    if (capture or lens) and est > MAX_BYTES:
+    # then attention and the lens (views), before the full logits (the exact what-if)
+    model = lm.summary()
+    est = estimate_bytes(model, n_prompt, args.steps, args.record_k, capture, lens=lens, full=full)
+    if est > MAX_BYTES:
+        left = [n for n, on in (("attention", capture), ("the lens", lens)) if on]
         capture = lens = False
-        _note(f"attention and the lens left out: with them the trace would be about "
-              f"{est / MiB:,.1f} MiB, over the {MAX_BYTES / MiB:,.1f} MiB a trace may be")  # fmt: skip
+        if estimate_bytes(model, n_prompt, args.steps, args.record_k, False, full=full) > MAX_BYTES:
+            left += ["the full logits"] if full else []
+            full = False
+        what = " and ".join([", ".join(left[:-1]), left[-1]] if len(left) > 1 else left)
+        _note(
+            f"{what} left out: with them the trace would be about {est / MiB:,.1f} MiB, "
+            f"over the {MAX_BYTES / MiB:,.1f} MiB a trace may be"
+        )
     settings = run.decode_settings(
-        stop=tuple(args.stop), record_k=args.record_k, capture=capture, lens=lens
+        stop=tuple(args.stop),
+        record_k=args.record_k,
+        capture=capture,
+        lens=lens,
+        full_logits=full,
     )
     dec = Decoder(lm, args.prompt, params, settings, eviction=run.eviction())
     stopped = False
@@ -102,14 +122,21 @@ def _note(text: str) -> None:
 
 
 def estimate_bytes(
-    model: dict, n_prompt: int, steps: int, record_k: int, attention: bool, *, lens: bool = False
+    model: dict,
+    n_prompt: int,
+    steps: int,
+    record_k: int,
+    attention: bool,
+    *,
+    lens: bool = False,
+    full: bool = False,
 ) -> int:
     """An upper estimate of a trace file's size: per step its candidates (ids, logits and
     each stage's probabilities), the tail summary, the fixed fields and the ``S`` int32
     cache positions it read, and with attention an ``(L, H, S)`` float16 tensor; base64
     writes 4 bytes for 3. With the lens, each step adds its float16 residual stream
     ``(L+1, d)`` and head outputs ``(L, H, D)``, the float32 last residual and the
-    attention metrics ``(4, L, H)``."""
+    attention metrics ``(4, L, H)``; with ``full``, every raw logit, ``(V,)`` float32."""
     positions = steps * n_prompt + steps * (steps + 1) // 2  # S grows by one a step
     total = steps * (record_k * 32 + 4096) + 4 * positions
     if attention:
@@ -119,6 +146,8 @@ def estimate_bytes(
         n_l, n_h = int(model.get("num_layers", 0)), int(model.get("num_heads", 0))
         d, d_head = int(model.get("hidden_size", 0)), int(model.get("head_dim", 0))
         total += steps * (2 * (n_l + 1) * d + 2 * n_l * n_h * d_head + 4 * d + 16 * n_l * n_h)
+    if full:
+        total += steps * 4 * int(model.get("vocab_size", 0))
     return total * 4 // 3 + 16 * 1024
 
 

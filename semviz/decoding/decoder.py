@@ -48,6 +48,10 @@ class DecodeSettings:
     # record what the logit lens, direct logit attribution and the attention metrics read
     # (semviz.analysis.lens): the residual stream and head outputs at the last position
     lens: bool = True
+    # record every raw logit of each step (float32, 4 bytes a vocabulary entry: 196 KB a step
+    # on the default model, about one step's attention), so that a replay with new settings
+    # picks what a live decode picks even where the draw lands outside the candidates
+    full_logits: bool = True
 
     def to_dict(self) -> dict:
         return {
@@ -59,6 +63,7 @@ class DecodeSettings:
             "capture": self.capture,
             "record_k": self.record_k,
             "lens": self.lens,
+            "full_logits": self.full_logits,
         }
 
 
@@ -592,6 +597,7 @@ class Decoder:
             gravity=None if gravity is None else gravity[cand].float().cpu(),
             final_tail_mass=max(0.0, 1.0 - float(final[cand].double().sum())),
             tail=tail,
+            full_logits=logits.float().cpu().clone() if self.settings.full_logits else None,
             fallback=result.fallback,
             eviction=self._pending_eviction,
             **_lens_fields(fw.lens),

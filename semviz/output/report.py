@@ -224,7 +224,7 @@ def _step_views(trace: Trace, sel: int, labels, whatif: WhatIf | None) -> list[V
         kept = None if final is None else np.asarray(final) > 0
     top = min(charts.TOP, rec.cand_ids.numel())
     shown = max(top, chosen + 1)
-    token = labels([int(rec.cand_ids[chosen])])[0] if 0 <= chosen < rec.cand_ids.numel() else "?"
+    token = labels([whatif.token_ids[sel] if whatif is not None else rec.token_id])[0]
     out = [View(
         "distribution", f"Step {sel}: the distribution at each stage",
         f"Top {top} candidates by raw logit; the yellow band marks the token taken "

@@ -3,7 +3,9 @@
 A step keeps the top ``K`` candidates' raw logits (sorted, stable by id) and the log-sum-exp of
 every other logit, so any later re-pruning (the replay, the app's what-if sliders) sees the
 exact raw distribution over those K tokens and the exact total mass of the tail. K is 1,024 by
-default, which on the default model covers all but a few 1e-4 of the mass at T ≤ 1.
+default, which on the default model covers all but a few 1e-4 of the mass at T ≤ 1. By
+default a step also keeps every raw logit (``full_logits``), so that a replay at any setting
+can run the live chain over the whole vocabulary where the candidates cannot decide a pick.
 
 Tensors are written to JSON as base64 of their raw bytes with dtype and shape, so a round
 trip is bit-exact.
@@ -40,15 +42,17 @@ from semviz.output import files
 
 FORMAT = "semviz-trace"
 # 2: the lens fields (residual, residual_last, head_out, attn_metrics); 3: each step's tail
-# summary (tail) and the bytes of tokens that are pieces of a character (token_hex, prompt_hex)
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)  # older traces lack the later fields, which are optional
+# summary (tail) and the bytes of tokens that are pieces of a character (token_hex, prompt_hex);
+# 4: each step's every raw logit (full_logits), for a replay that is exact at any setting
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)  # older traces lack the later fields, which are optional
 LENS_FIELDS = ("residual", "residual_last", "head_out", "attn_metrics")
 # per head of each layer (semviz.model.capture.attention_metrics): attention entropy and
 # varentropy (nats, nats²), head agreement and interaction strength, as entropix defines them
 ATTENTION_METRICS = ("entropy", "varentropy", "agreement", "interaction")
 TOP = 64
-MAX_BYTES = 256 * files.MiB  # a 256-step run of the default model writes ~38 MiB, ~63 with the lens
+# a 256-step run of the default model writes ~38 MiB, ~63 with the lens, ~130 with the full logits
+MAX_BYTES = 256 * files.MiB
 MAX_DEPTH = 16  # the format itself nests 6 deep (trace, steps, step, eviction, tensor, shape)
 # JSON elements (values, counted by their separators) a file may hold: a step writes about 80,
 # its tensors being single base64 strings, so this is over 10,000 steps; it bounds the Python
@@ -357,7 +361,7 @@ def _check_settings(s: Any, model: dict) -> None:
     for k in ("max_new_tokens", "record_k"):
         if k in s:
             _int(s[k], f"settings.{k}", 1)
-    for k in ("chat", "capture"):
+    for k in ("chat", "capture", "lens", "full_logits"):
         if k in s and s[k] is not None and not isinstance(s[k], bool):
             raise _bad(f"settings.{k}", f"expected true, false or null, got {_kind(s[k])}")
     if "system_prompt" in s:
@@ -553,6 +557,16 @@ def _check_step(rec: StepRecord, i: int, ctx: _Shape) -> None:
     _check_lens(rec, w, ctx)
     if rec.tail is not None:
         _check_tail(rec.tail, f"{w}.tail", ctx.vocab - k if ctx.vocab < ID_LIMIT else None)
+    if rec.full_logits is not None:
+        # one a vocabulary entry: more than the largest id, at most the vocabulary (whose
+        # size the caller's model checks against the trace's with its own message)
+        full = _tensor(rec.full_logits, f"{w}.full_logits", torch.float32, (None,))
+        if not int(ids.max()) < full.numel() <= ctx.vocab:
+            raise _bad(f"{w}.full_logits", f"has {full.numel():,} logits, not one per token")
+        if not bool((full < math.inf).all()):
+            raise _bad(f"{w}.full_logits", "holds NaN or +inf")
+        if not torch.equal(full[ids.long()], logits):
+            raise _bad(f"{w}.full_logits", "disagrees with cand_logits on the candidates")
     _check_extra(rec.extra, f"{w}.extra")
 
 
@@ -626,6 +640,7 @@ class StepRecord:
     gravity: torch.Tensor | None = None  # (K,) float32 normalised G over the candidates
     final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
     tail: dict | None = None  # the logits outside cand_ids, binned (semviz.sampling.tail)
+    full_logits: torch.Tensor | None = None  # (V,) float32 every raw logit, when recorded
     token_hex: str | None = None  # the token's bytes in hex, when they are not UTF-8 alone
     fallback: str | None = None
     eviction: dict | None = None

@@ -29,8 +29,13 @@ def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(ap
     run_steps(app, 10)
     s = sess(app)
     old = escape.markdown(display_token(s.decoder.trace.steps[0].token_text))
-    # at T 2.0 replay keeps every pick, but each draw may land outside the record's 1,024
-    # candidates (the tiny model is near flat): "no change" is itself an estimate
+    # a run recorded without every raw logit (as the shipped examples are): at T 2.0 replay
+    # keeps every pick, but each draw may land outside the record's 1,024 candidates (the
+    # tiny model is near flat), so "no change" is itself an estimate
+    steps = s.decoder.trace.steps
+    full = [rec.full_logits for rec in steps]
+    for rec in steps:
+        rec.full_logits = None
     app.slider(key="s_temperature").set_value(2.0).run()
     hot = s.replay_memo["whatif"]
     assert hot.first_diff is None and hot.approximate == [True] * 10
@@ -40,6 +45,14 @@ def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(ap
         "10 of the 10 picks are estimates (≈): the draw may land in the tail the record does "
         "not hold."
     ]
+    # the run as the app records it, every logit kept: the same replay decides every pick
+    for rec, f in zip(steps, full, strict=True):
+        rec.full_logits = f
+    s.replay_memo.clear()
+    app.run()
+    hot = s.replay_memo["whatif"]
+    assert not any(hot.approximate) and hot.n == 10
+    assert not any(m.value.startswith("What-if:") and "estimate" in m.value for m in app.success)
     app.slider(key="s_temperature").set_value(3.0).run()
     wi = s.replay_memo["whatif"]
     # at T 3.0 the tiny model's run changes step 0, and the record decides that pick; the

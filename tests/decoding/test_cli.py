@@ -175,9 +175,11 @@ def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
     from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.sampling import PruneParams
 
-    # 16 candidates of a near-flat tiny model: a hot replay's draws land in the tail
+    # 16 candidates of a near-flat tiny model and no full logits: a hot replay's draws land
+    # in the tail
     dec = Decoder(tiny_lm, "Hello there", PruneParams(temperature=0.8),
-                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False))  # fmt: skip
+                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False,
+                                 full_logits=False))  # fmt: skip
     dec.run(8)
     path = tmp_path / "t.json"
     dec.trace.save(path)
@@ -192,6 +194,14 @@ def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
     assert main(["replay", str(path), "--temperature", "2.0"]) == 0
     text = capsys.readouterr().out
     assert f"{len(marked)} approximate (~)" in text
+    # the same run recording every logit (the default): the live chain decides every pick
+    dec = Decoder(tiny_lm, "Hello there", PruneParams(temperature=0.8),
+                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False))  # fmt: skip
+    dec.run(8)
+    dec.trace.save(path)
+    assert main(["replay", str(path), "--temperature", "2.0", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["approximate_steps"] == 0 and not any(r.get("approximate") for r in full["rows"])
 
 
 @pytest.mark.real_model
@@ -228,24 +238,41 @@ def test_trace_size_is_estimated_from_above(tiny_lm, tiny_dir, tmp_path, capsys)
     out = tmp_path / "t.json"
     assert main(_trace_argv(tiny_dir, out, "--json")) == 0
     n_prompt = len(encode_prompt(tiny_lm, "Hello there"))
-    est = estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, True)
+    est = estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, True, lens=True, full=True)
     size = out.stat().st_size
     assert size <= est <= 3 * size
-    assert estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, False) < est
+    assert estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, True, lens=True) < est
+    assert estimate_bytes(tiny_lm.summary(), n_prompt, 6, 64, False, full=True) < est
 
 
 def test_trace_leaves_attention_out_before_a_file_replay_cannot_read(
     tiny_dir, tmp_path, capsys, monkeypatch
 ):
+    from semviz.cli.trace import estimate_bytes
+    from semviz.decoding.decoder import encode_prompt
+    from semviz.model.load import load_model
     from semviz.output import trace as trace_mod
 
-    monkeypatch.setattr(trace_mod, "MAX_BYTES", 70_000)  # over with attention, under without
+    lm = load_model(str(tiny_dir))
+    n = len(encode_prompt(lm, "Hello there"))
+    full = estimate_bytes(lm.summary(), n, 8, 16, False, full=True)
+    # under with the full logits alone, over with attention and the lens as well: those go
+    monkeypatch.setattr(trace_mod, "MAX_BYTES", full + 1)
     out = tmp_path / "t.json"
     assert main(_trace_argv(tiny_dir, out, "--steps", "8", "--record-k", "16", "--json")) == 0
     err = capsys.readouterr().err
     assert "semviz trace: attention and the lens left out: with them the trace would be" in err
     t = trace_mod.Trace.load(out)
     assert len(t.steps) == 8 and all(s.attention is None for s in t.steps)
+    assert all(s.full_logits is not None and s.residual is None for s in t.steps)
+    # over with the full logits too: every optional part goes
+    monkeypatch.setattr(trace_mod, "MAX_BYTES", 70_000)
+    argv = _trace_argv(tiny_dir, out, "--steps", "8", "--record-k", "16", "--json", "--force")
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "semviz trace: attention, the lens and the full logits left out: with them" in err
+    t = trace_mod.Trace.load(out)
+    assert all(s.attention is None and s.full_logits is None for s in t.steps)
     monkeypatch.setattr(trace_mod, "MAX_BYTES", 30_000)
     rc, err = _err(_trace_argv(tiny_dir, tmp_path / "u.json", "--steps", "8", "--force"), capsys)
     assert rc == 2 and "MiB a trace may be: ask for fewer --steps or a smaller --record-k" in err

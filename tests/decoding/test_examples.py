@@ -43,6 +43,9 @@ def test_an_example_holds_what_its_command_makes_today(argv):
     assert s.get("lens") is (args.lens == "on")  # the lens is left out to keep the files small
     assert all(rec.attention is not None for rec in t.steps)  # Attention & gravity has data
     assert PruneParams.from_dict(s["params"]) == common.params_from_args(args)
-    # format 3: each step has the tail summary the exact what-if needs
+    # left out to keep the files small: replay marks what the candidates cannot decide
+    assert s.get("full_logits", False) is (args.full_logits == "on") is False
+    assert all(rec.full_logits is None for rec in t.steps)
+    # format 3: each step has the tail summary the what-if needs; 4 adds only full_logits
     assert t.steps and all(rec.tail is not None for rec in t.steps)
-    assert FORMAT_VERSION == 3
+    assert FORMAT_VERSION == 4

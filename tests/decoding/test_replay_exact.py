@@ -48,8 +48,9 @@ WHAT_IFS = [
 ]
 
 
-def _record(lm, prompt, chat, params, steps, record_k, monkeypatch):
-    """Decode, keeping each step's whole-vocabulary logits and gravity."""
+def _record(lm, prompt, chat, params, steps, record_k, monkeypatch, full=True):
+    """Decode, keeping each step's whole-vocabulary logits and gravity; ``full``: the trace
+    records every raw logit too (the default), else only the candidates and the tail's bins."""
     seen = []
     real = sampling.prune
 
@@ -58,7 +59,7 @@ def _record(lm, prompt, chat, params, steps, record_k, monkeypatch):
         return real(logits, p, gravity=gravity, **kw)
 
     settings = DecodeSettings(max_new_tokens=steps, seed=0, chat=chat, record_k=record_k,
-                              capture=False)  # fmt: skip
+                              capture=False, full_logits=full)  # fmt: skip
     dec = Decoder(lm, prompt, params, settings)
     with monkeypatch.context() as m:
         m.setattr(sampling, "prune", keep)
@@ -86,25 +87,51 @@ def runs(real_lm):
         mp.undo()
 
 
-def test_replay_picks_what_a_live_decode_picks_or_says_it_cannot(runs):
-    total = agree = 0
+@pytest.fixture(scope="module")
+def bounded_runs(real_lm):
+    mp = pytest.MonkeyPatch()
+    try:
+        return [(_record(real_lm, *r, mp, full=False), r[2]) for r in RUNS]
+    finally:
+        mp.undo()
+
+
+def _agreement(runs) -> tuple[int, int, int]:
+    """Steps replayed, steps whose pick equals the live decode's, steps marked approximate;
+    every step that differs must be marked, with a reason."""
+    total = agree = marked = 0
     for (trace, seen), recorded in runs:
         for change in WHAT_IFS:
             params = recorded.replace(**change)
             truth = _teacher_forced(trace, seen, params)
             w = replay(trace, params)
             assert len(w.approximate) == len(truth)
+            marked += w.n_approximate
             for i, t in enumerate(truth):
                 total += 1
                 agree += w.token_ids[i] == t
                 if w.token_ids[i] != t:
                     assert w.approximate[i], (trace.prompt, change, i, w.token_ids[i], t)
                     assert w.why[i]
+    return total, agree, marked
+
+
+def test_replay_picks_what_a_live_decode_picks(runs):
+    # every raw logit recorded: the live chain decides the steps the candidates cannot,
+    # tokens outside the candidates included (at T 2.0 a quarter of the draws land there)
+    total, agree, marked = _agreement(runs)
     assert total >= 1000
-    # the rest are draws that land among tokens the record does not hold (at T 2.0 a
-    # quarter of the draws fall outside the top 1,024) or so near a boundary that the tail's
-    # bins cannot place them: marked approximate above
-    assert agree / total >= 0.85, (agree, total)
+    assert agree / total >= 0.995, (agree, total)
+    assert marked == total - agree
+
+
+def test_without_full_logits_replay_marks_what_it_cannot_decide(bounded_runs):
+    # the candidates and the tail's bins alone: draws that land among tokens the record does
+    # not hold, or so near a boundary that the bins cannot place them, are marked approximate
+    total, agree, marked = _agreement(bounded_runs)
+    assert total >= 1000
+    assert 0.85 <= agree / total < 0.995, (agree, total)
+    assert marked >= total - agree
 
 
 def test_the_recorded_settings_replay_exactly(runs):
@@ -113,12 +140,27 @@ def test_the_recorded_settings_replay_exactly(runs):
         assert w.token_ids == trace.token_ids and not any(w.approximate)
 
 
-def test_a_hotter_replay_scales_the_draw_by_the_new_tail(runs):
+def test_a_hotter_replay_scales_the_draw_by_the_new_tail(bounded_runs):
     # T 0.8 recorded, T 1.3 replayed: the live decode at T 1.3 picks "Hello" from the same
     # draw, which the recorded run's tail share misplaced
-    (trace, seen), recorded = runs[3]
+    (trace, seen), recorded = bounded_runs[3]
     params = recorded.replace(temperature=1.3)
     truth = _teacher_forced(trace, seen, params)
     w = replay(trace, params)
     assert w.token_ids[0] == truth[0]
     assert not w.approximate[0]
+
+
+def test_a_pick_outside_the_candidates_is_the_live_token(runs):
+    # T 2.0 on a run recorded with 128 candidates: some draws land outside them; replay names
+    # the live decode's token there (candidate index -1), exactly, not the recorded one
+    (trace, seen), recorded = runs[0]
+    params = recorded.replace(temperature=2.0)
+    truth = _teacher_forced(trace, seen, params)
+    w = replay(trace, params)
+    outside = [i for i, c in enumerate(w.chosen) if c == -1]
+    assert outside
+    for i in outside:
+        assert w.token_ids[i] == truth[i]
+        assert int(truth[i]) not in trace.steps[i].cand_ids.tolist()
+        assert not w.approximate[i]

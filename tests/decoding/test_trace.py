@@ -280,7 +280,13 @@ def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, p
     d.run(7)
     pruned = []
     prune = rp.sampling.prune
-    monkeypatch.setattr(rp.sampling, "prune", lambda *a, **k: pruned.append(1) or prune(*a, **k))
+    V = tiny_lm.model.config.vocab_size  # a re-prune over every logit decides an open pick
+
+    def counted(logits, *a, **k):
+        pruned.extend([1] if logits.numel() != V else [])
+        return prune(logits, *a, **k)
+
+    monkeypatch.setattr(rp.sampling, "prune", counted)
     grown = rp.cached(store, d.trace, params)
     monkeypatch.undo()
     assert len(pruned) == 7  # only the new steps were re-pruned
