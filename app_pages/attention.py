@@ -2,10 +2,8 @@
 
 import streamlit as st
 
-from semviz import gravity
 from semviz.output import charts
 from ui import page, views
-from ui.errors import guard
 
 WINDOW = 256  # context positions shown unbinned when windowing a long context
 
@@ -61,26 +59,4 @@ if page.need_trace(ctx):
         fig = charts.attention_flow(tr.steps, n_positions=n_pos, layers=layers, heads=heads)
         views.chart(fig, key="att_flow")
         st.caption("Blank: positions not written yet (or evicted) at that step.")
-    st.subheader(f"What pulled {charts.display_token(rec.token_text)}: the terms of G")
-    params = ctx.params
-    dec = ctx.decoder
-    if params is None or dec is None:
-        st.info("Fix the sampling settings to see the gravity terms.")
-    elif not (kind := gravity.get_kind(params.gravity_kind)).has_terms:
-        st.info(
-            f"{(kind.label or kind.name).capitalize()} gravity is not a sum over the context, "
-            "so it has no per-token terms."
-        )
-    else:
-        with guard("computing gravity terms"):
-            pos, terms = gravity.gravity_terms(
-                dec.lm.model, tr, i, rec.token_id, params, hidden=dec.hidden
-            )
-            labels = ctx.context_labels(pos.tolist())
-            fig = charts.gravity_terms_figure(labels, terms, positions=pos.tolist())
-            views.chart(fig, key="att_terms")
-            st.caption(
-                f"G(w) = Σ m_i·sim(w, t_i) = {terms.sum():.4f} with mass **{params.gravity_mass}**, "
-                f"similarity **{params.gravity_sim}**; λ = {params.gravity_lambda:g} scales its "
-                "z-scored value into the score. Green pulled the token, red pushed it away."
-            )
+    views.gravity_terms(ctx, i, key="att_terms")

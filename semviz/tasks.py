@@ -28,7 +28,8 @@ True while more remains), and a ``progress`` that says how far it is::
 
 The tasks of semviz: :class:`DecodeTask` (a run: step, run N, play, branch, regenerate,
 reproduce a link, continue a recording, the what-if ghost), :class:`CompareTask`,
-:class:`KVEvalTask`, :class:`FrontierTask`, :class:`ReportTask` and :class:`PrefillScanTask`.
+:class:`KVEvalTask`, :class:`FrontierTask`, :class:`ReportTask`, :class:`PrefillScanTask` and
+:class:`GravityTask`.
 
 A run's :class:`Recipe` (its base settings, the settings in effect from each step on, and the
 tokens chosen by hand) is what a :class:`DecodeTask` follows to reproduce a run and records
@@ -72,6 +73,7 @@ __all__ = [
     "DecodeTask",
     "Edit",
     "FrontierTask",
+    "GravityTask",
     "KVEvalTask",
     "PrefillScanTask",
     "Progress",
@@ -519,6 +521,41 @@ class KVEvalTask(Task):
 
     def result(self) -> list[dict]:
         return self.run.rows()
+
+
+class GravityTask(Task):
+    """Gravity recomputed with the model for a recorded run whose record holds another, or
+    none (``semviz.analysis.replay.gravity_slice``): a few steps a unit, each slice going on
+    from the last one's carry. The result is the ``G`` of the steps done so far, one (K,)
+    tensor a step, which a finished task hands to the replay's ``GravityCache``."""
+
+    label = "Gravity"
+
+    def __init__(self, model, trace, params: PruneParams, hidden=None, *, chunk: int = 4) -> None:
+        super().__init__()
+        self.model, self.trace, self.params, self.hidden = model, trace, params, hidden
+        self.chunk, self.total = max(1, int(chunk)), len(trace.steps)
+        self.gravities: list = []
+        self._ema = None
+
+    def unit(self, turns: Turns) -> bool:
+        from semviz.analysis.replay import gravity_slice
+
+        start = len(self.gravities)
+        with turns.turn():
+            outs = gravity_slice(self.model, self.trace, self.params, self.hidden, start,
+                                 min(start + self.chunk, self.total), upto=self.total,
+                                 ema=self._ema)  # fmt: skip
+        self.gravities += [o.gravity for o in outs]
+        self._ema = outs[-1].ema if outs else None
+        return len(self.gravities) < self.total
+
+    def progress(self) -> Progress:
+        return Progress(len(self.gravities), self.total, "recomputing gravity", unit="steps",
+                        seconds=self.seconds)  # fmt: skip
+
+    def result(self) -> list:
+        return list(self.gravities)
 
 
 class PrefillScanTask(Task):

@@ -16,6 +16,7 @@ import streamlit as st
 from semviz.output import escape
 from semviz.output.style import display_token
 from semviz.sampling import PruneParams
+from semviz.tasks import GravityTask, Progress
 from ui import nav, runner, server, whatif
 from ui.errors import guard, report
 from ui.locks import page_lock
@@ -58,11 +59,38 @@ class PageContext:
         # a recorded run (an example) uses the page's model, and none when it did not load:
         # the replay needs one only to recompute gravity for settings the run did not use
         lm = self.lm if isinstance(dec, runner.TraceRun) else dec.lm
+        model = None if lm is None else lm.model
         with guard("the what-if replay"):
+            if model is not None and not self._gravity_first(tr, model, dec.hidden):
+                return  # the page was left while gravity was being recomputed
             self.wi = whatif.cached(
-                self.sess.replay_memo, tr, self.params,
-                model=None if lm is None else lm.model, hidden=dec.hidden,
-            )  # fmt: skip
+                self.sess.replay_memo, tr, self.params, model=model, hidden=dec.hidden
+            )
+
+    def _gravity_first(self, tr, model, hidden) -> bool:
+        """Gravity these sliders use that the record does not hold, recomputed with the model
+        as a task (``GravityTask``: a few steps at a time, each in the model's line) with its
+        progress on the page, then kept for the replay; False if it did not finish. A rerun
+        meanwhile (a slider moved) goes on from where the task stood."""
+        memo, p = self.sess.replay_memo, self.params
+        cache = memo.setdefault("gravity_cache", whatif.GravityCache())
+        if not whatif.needs_new_gravity(tr, p) or cache.has(tr, p, hidden):
+            return True
+        key = cache.key(tr, p, hidden)
+        task = memo.get("gravity_task")
+        if task is None or task.key != key:
+            task = memo["gravity_task"] = GravityTask(model, tr, p, hidden)
+            task.key = key
+        bar = st.progress(0.0, text=gravity_progress_text(task.progress(), p))
+        turns = server.turns()
+        while not task.advance(0.25, turns):
+            bar.progress(task.progress().fraction, text=gravity_progress_text(task.progress(), p))
+        bar.empty()
+        memo.pop("gravity_task", None)
+        if task.stopped:
+            return False
+        cache.put(tr, p, hidden, task.result())
+        return True
 
     @property
     def first_diff(self) -> int | None:
@@ -389,9 +417,24 @@ def status_line(ctx: PageContext, *, here: bool = False) -> None:
         )
 
 
+def gravity_progress_text(p: Progress, params: PruneParams) -> str:
+    """The progress line of a gravity recomputation: what runs, how far, how long is left."""
+    eta = p.eta()
+    left = "" if eta is None else f" · about {eta:.0f} s left"
+    return (
+        f"Recomputing **{params.gravity_kind}** gravity with the model for the recorded steps, "
+        f"which were decoded with other gravity settings: {p.done:,} of {p.total:,}{left}"
+    )
+
+
 def params_changed(ctx: PageContext) -> bool:
     dec = ctx.decoder
     return dec is not None and ctx.params is not None and dec.params != ctx.params
+
+
+def _model_part(wi: whatif.WhatIf) -> str:
+    """What of a what-if ran the model: nothing, or the gravity its settings asked for."""
+    return "gravity recomputed with the model" if wi.model_gravity else "no model run"
 
 
 def whatif_banner(ctx: PageContext) -> None:
@@ -403,7 +446,7 @@ def whatif_banner(ctx: PageContext) -> None:
     if wi.first_diff is None:
         text = (
             f"What-if: the sliders moved after generation. Replaying the {wi.n} recorded steps "
-            f"through the core ({1e3 * wi.seconds:.0f} ms, no model run) changes no choice."
+            f"through the core ({1e3 * wi.seconds:.0f} ms, {_model_part(wi)}) changes no choice."
         )
         if wi.n_approximate:
             # the record cannot decide these picks, so "no change" there is an estimate too
@@ -419,7 +462,7 @@ def whatif_banner(ctx: PageContext) -> None:
         pick = first_pick(ctx)
         old = escape.markdown(display_token(ctx.steps[k].token_text))
         new = escape.markdown(pick.label)
-        replayed = f"replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, no model run"
+        replayed = f"replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, {_model_part(wi)}"
         guess = escape.markdown(display_token(ctx.labels([wi.token_ids[k]])[0]))
         if pick.decoded and pick.token_id == ctx.trace.token_ids[k]:
             what = (

@@ -286,6 +286,14 @@ def _owner() -> str:
     return ctx.session_id if ctx is not None else f"thread-{threading.get_ident()}"
 
 
+def turns() -> Any:
+    """This session's place in the model's line, for a task's model calls
+    (``semviz.tasks.Turns``)."""
+    from semviz.tasks import Turns
+
+    return Turns(_owner(), QUEUE)
+
+
 def wait_text(place: Place) -> str:
     """What a waiting page says about its place in the line."""
     eta = f", about {place.eta:.0f} s" if place.eta >= 1 else ""

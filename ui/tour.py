@@ -18,11 +18,21 @@ STEPS = (
     ("app_pages/tour_5_ab.py", "Tour 5 · A/B: latency and quality"),
 )
 
-# The plain chain of step 1 (HF generate's usual sampling defaults), and step 4 on top of it.
+# The plain chain of step 1 (HF generate's usual sampling defaults).
 BASELINE = PruneParams(temperature=0.8, top_k=50, top_p=0.95)
-GRAVITY = BASELINE.replace(gravity_lambda=0.5, gravity_mode="rerank")  # rerank the top 64
+# What step 4 turns on, and all it changes: the gravity its page draws, the seed's pull
+# G(w) = Σ m_i·sim(w, t_i) with each context token weighted by the last query's attention,
+# as a rerank of the top 64 raw candidates. Step 5 compares the baseline with it.
+GRAVITY_ON = {
+    "gravity_lambda": 0.5,
+    "gravity_mode": "rerank",
+    "gravity_kind": "pull",
+    "gravity_mass": "attention",
+}
+GRAVITY_OFF = {"gravity_lambda": 0.0}
+GRAVITY = BASELINE.replace(**GRAVITY_ON)
 BASELINE_SPEC = "temperature=0.8,top_k=50,top_p=0.95"
-GRAVITY_SPEC = BASELINE_SPEC + ",gravity_lambda=0.5,gravity_mode=rerank"
+GRAVITY_SPEC = BASELINE_SPEC + "".join(f",{k}={v}" for k, v in GRAVITY_ON.items())
 
 
 def header(n: int, goal: str) -> None:
@@ -31,16 +41,23 @@ def header(n: int, goal: str) -> None:
     st.markdown(f"**Goal of this step.** {goal}")
 
 
-def apply(params: PruneParams, *, label: str, key: str) -> None:
-    """A button that loads ``params`` into the sidebar (the next Step/Run uses them)."""
+def apply(params: PruneParams | dict, *, label: str, key: str, help: str | None = None) -> None:
+    """A button that loads ``params`` into the sidebar (the next Step/Run uses them); a dict
+    changes only the fields it names and keeps every other slider as it is."""
 
     def _apply() -> None:
         current = Settings.from_state(st.session_state)
-        s = dataclasses.replace(current.with_params(params), preset="custom")
+        if isinstance(params, dict):
+            s = dataclasses.replace(current, **params, preset="custom")
+        else:
+            s = dataclasses.replace(current.with_params(params), preset="custom")
         s.impose(st.session_state)
         st.session_state["settings"] = s
 
-    st.button(label, key=key, on_click=_apply, help="Sets the sidebar's sliders; nothing runs yet.")
+    st.button(
+        label, key=key, on_click=_apply,
+        help=help or "Sets the sidebar's sliders; nothing runs yet.",
+    )  # fmt: skip
 
 
 def footer(n: int) -> None:

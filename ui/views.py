@@ -7,8 +7,10 @@ from typing import Any
 
 import streamlit as st
 
-from semviz.output import style
+from semviz import gravity
+from semviz.output import charts, style
 from semviz.sampling import active_filters
+from ui.errors import guard
 from ui.page import PageContext
 from ui.state import session
 
@@ -147,3 +149,31 @@ def state_badge(kind: str, sentence: str) -> None:
         f'<p><span class="semviz-state {cls}">{html.escape(kind)}</span> '
         f"{html.escape(sentence)}</p>"
     )
+
+
+def gravity_terms(ctx: PageContext, i: int, *, key: str) -> None:
+    """What pulled the token step ``i`` takes under the current sliders: the per-context-token
+    terms of ``G`` (a pull's ``m_j·sim(w, t_j)``), or why the gravity set has none."""
+    token = ctx.taken(i)
+    st.subheader(f"What pulled {charts.display_token(ctx.labels([token])[0])}: the terms of G")
+    params, dec = ctx.params, ctx.decoder
+    lm = getattr(dec, "lm", None) or ctx.lm
+    if params is None or dec is None or lm is None:
+        st.info("Fix the sampling settings to see the gravity terms.")
+        return
+    kind = gravity.get_kind(params.gravity_kind)
+    if not kind.has_terms:
+        st.info(
+            f"{(kind.label or kind.name).capitalize()} gravity is not a sum over the context, "
+            "so it has no per-token terms."
+        )
+        return
+    with guard("computing gravity terms"):
+        pos, terms = gravity.gravity_terms(lm.model, ctx.trace, i, token, params, hidden=dec.hidden)
+        labels = ctx.context_labels(pos.tolist())
+        chart(charts.gravity_terms_figure(labels, terms, positions=pos.tolist()), key=key)
+        st.caption(
+            f"G(w) = Σ m_i·sim(w, t_i) = {terms.sum():.4f} with mass **{params.gravity_mass}**, "
+            f"similarity **{params.gravity_sim}**; λ = {params.gravity_lambda:g} scales its "
+            "z-scored value into the score. Green pulled the token, red pushed it away."
+        )

@@ -7,6 +7,6 @@ unchanged sliders costs nothing.
 
 from __future__ import annotations
 
-from semviz.analysis.replay import GravityCache, WhatIf, cached, replay
+from semviz.analysis.replay import GravityCache, WhatIf, cached, needs_new_gravity, replay
 
-__all__ = ["GravityCache", "WhatIf", "cached", "replay"]
+__all__ = ["GravityCache", "WhatIf", "cached", "needs_new_gravity", "replay"]

@@ -71,6 +71,8 @@ class WhatIf:
     approximate : per step, True where the pick depends on tokens the record does not hold
         (``why`` says what); the pick shown there is replay's best estimate.
     why : per step, the reason a step is approximate (None where it is exact).
+    model_gravity : gravity was recomputed with the model for these settings (the record
+        held another, or none), so the what-if is not the record's alone.
     """
 
     params: PruneParams
@@ -81,6 +83,7 @@ class WhatIf:
     first_diff: int | None
     seconds: float = 0.0
     note: str | None = None
+    model_gravity: bool = False
     approximate: list[bool] = field(default_factory=list)
     why: list[str | None] = field(default_factory=list)
     key: tuple = field(default=(), repr=False)
@@ -132,10 +135,29 @@ def recompute_gravity(
     for the hidden spaces; without them the kind does without (:meth:`degrade`: a pull uses
     the embedding space).
     """
-    steps = trace.steps[: upto if upto is not None else len(trace.steps)]
+    n = upto if upto is not None else len(trace.steps)
+    return [out.gravity for out in gravity_slice(model, trace, params, hidden, 0, n, upto=n)]
+
+
+def gravity_slice(
+    model: torch.nn.Module,
+    trace: Trace,
+    params: PruneParams,
+    hidden: torch.Tensor | None,
+    start: int,
+    stop: int,
+    *,
+    upto: int | None = None,
+    ema: torch.Tensor | None = None,
+) -> list[grav.GravityOut]:
+    """:func:`recompute_gravity` of steps ``start`` … ``stop - 1`` alone, for work done in
+    slices (``semviz.tasks.GravityTask``): ``ema`` is what the step before ``start`` carried
+    (its ``GravityOut.ema``), and ``upto`` the length the settings are degraded for (the
+    whole run's, so that every slice computes the same kind of ``G``)."""
+    steps = trace.steps[start:stop]
     if not steps:
         return []
-    params, _ = _degraded(trace, params, hidden, len(steps))
+    params, _ = _degraded(trace, params, hidden, upto if upto is not None else len(trace.steps))
     todo = [
         grav.GravityStep(
             ctx=grav.trace_context(trace, i, hidden=hidden),
@@ -143,9 +165,11 @@ def recompute_gravity(
             lse=rec.lse,
             index=rec.cand_ids.long(),
         )
-        for i, rec in enumerate(steps)
+        for i, rec in enumerate(steps, start)
     ]
-    return [out.gravity for out in grav.compute(model, params, todo, chained=True)]
+    if ema is not None:  # the chain goes on from the slice before
+        todo[0] = dataclasses.replace(todo[0], ctx=dataclasses.replace(todo[0].ctx, ema=ema))
+    return grav.compute(model, params, todo, chained=True)
 
 
 def _degraded(
@@ -166,21 +190,30 @@ class GravityCache:
         self._key: tuple | None = None
         self._value: list = []
 
-    def get(self, model, trace: Trace, params: PruneParams, hidden=None) -> list:
-        key = (
+    @staticmethod
+    def key(trace: Trace, params: PruneParams, hidden=None) -> tuple:
+        return (
             id(trace),
             len(trace.steps),
             trace.steps[-1].token_id if trace.steps else None,
             params.gravity_params,
             hidden is not None,
         )
-        if key != self._key:
-            self._value = recompute_gravity(model, trace, params, hidden)
-            self._key = key
+
+    def has(self, trace: Trace, params: PruneParams, hidden=None) -> bool:
+        return self._key == self.key(trace, params, hidden)
+
+    def put(self, trace: Trace, params: PruneParams, hidden, value: list) -> None:
+        """Keep ``value``, gravity computed elsewhere (a ``GravityTask``), for ``trace``."""
+        self._key, self._value = self.key(trace, params, hidden), list(value)
+
+    def get(self, model, trace: Trace, params: PruneParams, hidden=None) -> list:
+        if not self.has(trace, params, hidden):
+            self.put(trace, params, hidden, recompute_gravity(model, trace, params, hidden))
         return self._value
 
 
-def _needs_new_gravity(trace: Trace, params: PruneParams) -> bool:
+def needs_new_gravity(trace: Trace, params: PruneParams) -> bool:
     if params.gravity_lambda == 0.0 or not trace.steps:
         return False
     if any(s.gravity is None for s in trace.steps):
@@ -352,7 +385,7 @@ def replay(
     if model is not None:  # recomputed gravity indexes the attention by these layers and heads
         c = model.config
         check_model_shape(params, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads)
-    if _needs_new_gravity(trace, params):
+    if needs_new_gravity(trace, params):
         if model is None:
             note = (
                 "Gravity settings that were not recorded need the model; showing λ·G as recorded."
@@ -364,7 +397,8 @@ def replay(
     state = sampling.SamplerState()
     results, chosen, tokens, whys = replay_steps(trace, params, gravities, state=state)
     w = WhatIf(params=params, n=0, results=[], chosen=[], token_ids=[], first_diff=None,
-               note=note, state=state if gravities is None else None)  # fmt: skip
+               note=note, state=state if gravities is None else None,
+               model_gravity=gravities is not None)  # fmt: skip
     _append(w, trace, results, chosen, tokens, whys)
     w.seconds = time.perf_counter() - t0
     return w
@@ -402,7 +436,7 @@ def extend(w: WhatIf, trace: Trace) -> WhatIf | None:
     n = w.n
     if w.state is None or not 0 < n < len(trace.steps) or trace.steps[n - 1] is not w.last:
         return None
-    if _needs_new_gravity(trace, w.params):  # a new step lacks the gravity these settings use
+    if needs_new_gravity(trace, w.params):  # a new step lacks the gravity these settings use
         return None
     t0 = time.perf_counter()
     state = w.state.copy()

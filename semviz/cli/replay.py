@@ -29,7 +29,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from semviz.analysis.replay import _needs_new_gravity, replay
+    from semviz.analysis.replay import needs_new_gravity, replay
     from semviz.model.load import DEFAULT_MODEL
     from semviz.output.trace import Trace
     from semviz.sampling import PruneParams, check_model_shape
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if "num_layers" in shape and "num_heads" in shape:  # the recorded attention's (L, H)
         check_model_shape(params, n_layers=shape["num_layers"], n_heads=shape["num_heads"])
     model = None
-    if _needs_new_gravity(trace, params):
+    if needs_new_gravity(trace, params):
         if args.model is None and trace.model.get("name") != DEFAULT_MODEL:
             raise ValueError(
                 "these gravity settings were not recorded and need the model's embeddings: "

@@ -10,7 +10,7 @@ import torch
 
 from semviz import gravity as gv
 from semviz import processors as sp
-from semviz.analysis.replay import GravityCache, _needs_new_gravity
+from semviz.analysis.replay import GravityCache, needs_new_gravity
 from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.model.capture import AttentionSink
 from semviz.sampling import GRAVITY_FIELDS, SPECS, GravityParams, PruneParams
@@ -54,9 +54,9 @@ def test_the_fields_are_the_ones_declared_to_shape_g():
 
 @pytest.mark.parametrize("name", GRAVITY_FIELDS)
 def test_every_field_that_shapes_g_makes_replay_recompute_it(name, recorded, tiny_lm):
-    assert not _needs_new_gravity(recorded, RECORDED)  # the recorded G is reused as is
+    assert not needs_new_gravity(recorded, RECORDED)  # the recorded G is reused as is
     p = RECORDED.replace(**{name: _another(name, getattr(RECORDED, name))})
-    assert _needs_new_gravity(recorded, p), name
+    assert needs_new_gravity(recorded, p), name
     cache = GravityCache()
     first = cache.get(tiny_lm.model, recorded, RECORDED)
     assert cache.get(tiny_lm.model, recorded, RECORDED) is first
@@ -66,7 +66,7 @@ def test_every_field_that_shapes_g_makes_replay_recompute_it(name, recorded, tin
 @pytest.mark.parametrize("name", ["gravity_lambda", "gravity_mode", "rerank_k"])
 def test_a_field_that_only_uses_g_keeps_the_recorded_one(name, recorded):
     p = RECORDED.replace(**{name: _another(name, getattr(RECORDED, name))})
-    assert not _needs_new_gravity(recorded, p) and p.gravity_params == RECORDED.gravity_params
+    assert not needs_new_gravity(recorded, p) and p.gravity_params == RECORDED.gravity_params
 
 
 class Peek(gv.GravityKind):

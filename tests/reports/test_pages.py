@@ -194,9 +194,15 @@ def test_tour_applies_its_settings(new_app):
     at.button(key="tour4_apply").click().run()
     no_errors(at)
     s = at.session_state["settings"]
-    assert s.gravity_lambda == 0.5 and s.gravity_mode == "rerank"
-    assert len(at.get("plotly_chart")) >= 2  # rank shift and the replayed entropy
+    assert (s.temperature, s.top_k, s.top_p) == (0.8, 50, 0.95)  # tour 1's, kept
+    assert (s.gravity_lambda, s.gravity_mode, s.gravity_kind, s.gravity_mass) == (
+        0.5, "rerank", "pull", "attention"
+    )  # fmt: skip
+    assert len(at.get("plotly_chart")) >= 3  # rank shift, the terms of G, the replayed entropy
     at.switch_page("app_pages/tour_5_ab.py").run()
     at.button(key="tour5_setup").click().run()
     at.switch_page("app_pages/compare.py").run()
-    assert at.text_input(key="cmp_b").value.endswith("gravity_mode=rerank")
+    assert at.text_input(key="cmp_b").value == (
+        "temperature=0.8,top_k=50,top_p=0.95,gravity_lambda=0.5,gravity_mode=rerank,"
+        "gravity_kind=pull,gravity_mass=attention"
+    )
