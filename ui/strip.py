@@ -133,6 +133,7 @@ def css() -> str:
   box-shadow: 0 6px 24px {style.rgba(GREY, 0.45)};
 }}
 .semviz-card .head {{ font-weight: 600; margin-bottom: 4px; }}
+.semviz-card .filters {{ font-size: 0.92em; opacity: 0.8; margin-bottom: 4px; }}
 .semviz-card table {{ border-collapse: collapse; width: 100%; }}
 .semviz-card th {{ font-weight: 500; opacity: .7; text-align: right; padding: 1px 5px; }}
 .semviz-card td {{ text-align: right; padding: 1px 5px; font-variant-numeric: tabular-nums; }}
@@ -282,6 +283,12 @@ function card(root, step, anchor) {
   head.className = "head";
   head.textContent = alts.head;
   c.appendChild(head);
+  if (alts.filters) {
+    const f = document.createElement("div");
+    f.className = "filters";
+    f.textContent = "filters: " + alts.filters;
+    c.appendChild(f);
+  }
   const tb = document.createElement("table");
   const hr = document.createElement("tr");
   for (const h of ["token", ...alts.stages]) {
@@ -535,7 +542,20 @@ def _card(ctx, i: int, stages: list[str], whatif: bool, res) -> dict:
         f"step {i} · {style.display_token(rec.token_text)} · p {p:.3f} · H {rec.entropy:.2f} nats · "
         f"kept {rec.n_kept} · T {rec.temperature:.2f}"
     )
-    return {"head": head, "rows": rows, "stages": [*shown, "what-if"] if whatif else shown}
+    # each filter stage of the chain: what it left and the share of the mass it removed (of
+    # what entered it); the table's "final" column is after all of them. A replay's first
+    # stage, the recorded candidates themselves, is not a filter of the chain.
+    wf = [w.to_dict() for w in res.waterfall] if whatif and res is not None else rec.waterfall
+    filters = (
+        " · ".join(
+            f"{w['name']} → {int(w['n_kept']):,} left, −{100 * float(w['mass_removed']):.1f}%"
+            for w in wf
+            if w["name"] != "candidates"
+        )
+        or "no filter on"
+    )
+    return {"head": head, "filters": filters, "rows": rows,
+            "stages": [*shown, "what-if"] if whatif else shown}  # fmt: skip
 
 
 def draw(

@@ -118,3 +118,25 @@ def test_the_payload_carries_a_rule_per_token_bounded_by_the_links(tiny_lm):
         decls = ";".join(f"--a{p}:{w / top:.3f}" for p, w in want)
         assert rule == f".semviz-strip:has(.p{s.position}:hover){{{decls}}}"
         assert len(want) == min(strip.LINKS, s.cache_positions.numel())
+
+
+def test_a_card_names_each_filter_stage_and_what_it_removed(tiny_lm):
+    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(top_k=20, top_p=0.5),
+                  DecodeSettings(max_new_tokens=4, seed=5))  # fmt: skip
+    dec.run(2)
+    card = strip.payload(ctx_of(dec, {}))["alts"]["0"]
+    w = dec.trace.steps[0].waterfall
+    assert [x["name"] for x in w] == ["top_k", "top_p"]
+    assert card["filters"] == (
+        f"top_k → {w[0]['n_kept']:,} left, −{100 * w[0]['mass_removed']:.1f}% · "
+        f"top_p → {w[1]['n_kept']:,} left, −{100 * w[1]['mass_removed']:.1f}%"
+    )
+    assert w[0]["n_kept"] == 20 and w[1]["n_kept"] <= 20
+    # under a what-if, the card's filters are the replay's
+    wi = replay(dec.trace, PruneParams(top_k=3))
+    moved = strip.payload(ctx_of(dec, {}, wi))["alts"]["0"]
+    assert moved["filters"].startswith("top_k → 3 left, −")
+    plain = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(),
+                    DecodeSettings(max_new_tokens=2, seed=5))  # fmt: skip
+    plain.run(1)
+    assert strip.payload(ctx_of(plain, {}))["alts"]["0"]["filters"] == "no filter on"
