@@ -11,11 +11,12 @@ binned summary (:mod:`semviz.sampling.tail`), which bounds the tail's mass at an
 temperature. A step's pick is exact, what a live decode with the new settings picks from
 the same draw, when every vocabulary consistent with the record makes the same pick; where
 it depends on tokens the record does not hold (the draw lands in the tail, or too near a
-boundary the bounds leave open), a record that holds the step's every raw logit
-(``StepRecord.full_logits``, recorded by default) runs the live chain over the whole
-vocabulary instead, which picks what the live decode picks; only without them is the step
-marked ``approximate`` with the reason in ``why``, and the pick shown is an estimate with the
-draw scaled by the new tail's share.
+boundary the bounds leave open), the step is marked ``approximate`` with the reason in
+``why``, and the pick shown is an estimate with the draw scaled by the new tail's share. A
+record that holds the step's every raw logit (``StepRecord.full_logits``, recorded by
+default) skips all this: the live chain itself runs over the whole vocabulary and picks what
+the live decode picks (except where it needs what the record lacks: full-mode gravity's ``G``
+over unrecorded tokens, or mirostat's state).
 
 Gravity needs the context's vectors. When the settings ask for a gravity the trace did not
 record (λ was 0, or any field that shapes ``G`` differs: ``PruneParams.gravity_params``), it
@@ -253,18 +254,19 @@ def replay_steps(
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
             tail_count=_tail_count(rec, vocab),
         )  # fmt: skip
+        token = None
         if recorded:  # the recorded settings: the recorded pick is the live one
             decision = tail_mod.Decision(index=rec.chosen_rank if rec.chosen_rank >= 0 else None)
+        elif (token := _full_pick(rec, params, g, state)) is not None:
+            # every raw logit is recorded: the live chain itself decides, over the vocabulary
+            # (cheaper than bounding the tail from its summary, and the same pick)
+            hit = (rec.cand_ids == token).nonzero()
+            decision = tail_mod.Decision(index=int(hit[0, 0]) if hit.numel() else -1)
         else:
             decision = _decide(rec, res, params, g, gravities is None, mu, vocab)
         why = decision.why
-        token = None
         if decision.index is not None:
             idx = decision.index
-        elif (token := _full_pick(rec, params, g, state)) is not None:
-            # every raw logit is recorded: the live chain itself decides, over the vocabulary
-            hit = (rec.cand_ids == token).nonzero()
-            idx, why = (int(hit[0, 0]) if hit.numel() else -1), None
         else:
             idx = _pick(rec, res, decision.tail_share)
             why = why or "the record cannot decide this pick"

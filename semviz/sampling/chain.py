@@ -33,7 +33,6 @@ from semviz.sampling.filters import (
     active_filters,
     mirostat_mask,
     stable_head,
-    stable_order,
     top_k_mask,
 )
 from semviz.sampling.params import PruneParams
@@ -572,7 +571,7 @@ def _inverse_cdf(probs: Tensor, u: float) -> int:
     target = torch.tensor([u * float(p.sum())], dtype=torch.float64, device=p.device)
     k = min(256, n)
     while True:
-        head = stable_head(p, k) if k < n else stable_order(p.unsqueeze(0))[0][:n]  # (k',)
+        head = stable_head(p, k) if k < n else stable_head(p, n)[:n]  # (k',)
         cdf = p[head].cumsum(0)  # (k',)
         pos = int(torch.searchsorted(cdf, target, right=True))
         if pos < cdf.numel() or k >= n:
