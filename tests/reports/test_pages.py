@@ -141,7 +141,10 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
 
 def test_compare_page_runs_and_stops(new_app):
     at = new_app()
-    at.switch_page("app_pages/compare.py").run()
+    for p in ("app_pages/frontier.py", "app_pages/compare.py"):  # neither needs a run
+        at.switch_page(p).run()
+        assert not [c.value for c in at.caption if "No run yet" in c.value], p
+    assert any("Press **Run both**" in i.value for i in at.info)
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
     job = at.session_state["semviz"].compare_job
@@ -153,6 +156,15 @@ def test_compare_page_runs_and_stops(new_app):
     res = job["result"]
     assert res.steps == 4 and len(res.traces) == 2
     assert at.get("plotly_chart") and at.dataframe
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["A", "B", "means"]
+    assert table.loc["mean max gravity", "A"] == "–"  # side A has gravity off: not "None"
+    assert float(table.loc["mean max gravity", "B"])  # B's rerank has a value
+    kept = res.metrics()[0].mean_kept
+    assert table.loc["mean kept set", "A"] == f"{kept:,.1f}"  # 49,152.0 rather than 49152
+    y = specs(at)[0]["layout"]["yaxis2"]
+    assert y["tickformat"] == ",d"
+    assert y["type"] == "linear" or y["tickvals"][:3] == [1, 10, 100]
     # a long run stopped after the first tick keeps its tokens
     at.number_input(key="cmp_steps").set_value(200).run()
     at.button(key="cmp_run").click().run()
