@@ -24,10 +24,8 @@ if page.need_trace(ctx):
     top = c3.slider("Candidates drawn", 5, 60, 30, step=5, key="dist_top")
     chosen = ctx.chosen(i) if res is not None else rec.chosen_rank
     labels = ctx.labels(rec.cand_ids[: max(top, chosen + 1)].tolist())
-    stages = charts.step_stages(rec, res)
     params = res.params if res is not None else ctx.decoder.params  # what is shown
-    if params.gravity_lambda == 0:
-        stages.pop("gravity", None)  # λ = 0: the same bars as raw
+    stages = charts.step_stages(rec, res, params)  # λ = 0: no gravity panel (raw's bars)
     if res is not None:
         kept = res.kept.numpy()
     else:  # as recorded: a candidate the filters cut has no final probability

@@ -142,10 +142,17 @@ def fmt_prob(p: float) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def step_stages(rec: StepRecord, result: PruneResult | None = None) -> dict[str, np.ndarray]:
-    """Per-stage probabilities over the step's K candidates, from a replay or as recorded."""
+def step_stages(
+    rec: StepRecord, result: PruneResult | None = None, params: PruneParams | None = None
+) -> dict[str, np.ndarray]:
+    """Per-stage probabilities over the step's K candidates, from a replay or as recorded.
+
+    With ``params`` (the settings shown), a stage they leave off is not returned: with
+    gravity off (λ = 0) the gravity stage only repeats the raw bars, so no panel is drawn.
+    """
     src = result.index_probs if result is not None else rec.stage_probs
-    return {k: _np(src[k]) for k in STAGE_ORDER if k in src}
+    off = {"gravity"} if params is not None and params.gravity_lambda == 0 else set()
+    return {k: _np(src[k]) for k in STAGE_ORDER if k in src and k not in off}
 
 
 def _base(title: str | None, height: int) -> dict:

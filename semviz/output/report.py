@@ -169,7 +169,7 @@ def views(
     n = len(steps)
     sel = n - 1 if selected is None else max(0, min(int(selected), n - 1))
     out = _run_views(trace, params, sel, whatif)
-    out += _step_views(trace, sel, _labeler(trace, tokenizer), whatif)
+    out += _step_views(trace, params, sel, _labeler(trace, tokenizer), whatif)
     out += _recorded_views(trace, sel)
     out += _lens_views(trace, sel, _labeler(trace, tokenizer), lm)
     out.append(View(
@@ -211,11 +211,14 @@ def _run_views(trace: Trace, params: PruneParams, sel: int, whatif: WhatIf | Non
     ]  # fmt: skip
 
 
-def _step_views(trace: Trace, sel: int, labels, whatif: WhatIf | None) -> list[View]:
-    """The selected step's distribution, waterfall and rank shifts."""
+def _step_views(
+    trace: Trace, params: PruneParams, sel: int, labels, whatif: WhatIf | None
+) -> list[View]:
+    """The selected step's distribution, waterfall and rank shifts (``params``: the settings
+    shown; with gravity off neither a gravity panel nor rank shifts are drawn)."""
     rec = trace.steps[sel]
     res = whatif.results[sel] if whatif is not None else None
-    stages = charts.step_stages(rec, res)
+    stages = charts.step_stages(rec, res, params)
     chosen = whatif.chosen[sel] if whatif is not None else rec.chosen_rank
     if res is not None:
         kept = res.kept.numpy()

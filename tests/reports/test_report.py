@@ -195,3 +195,28 @@ def test_a_full_disk_leaves_no_folder_behind(tiny_lm, tmp_path, capsys, monkeypa
     assert main(["report", "--trace", str(path), "--out", str(out), "--no-png"]) == 2
     assert capsys.readouterr().err.endswith("semviz report: no space left on device\n")
     assert not out.exists()
+
+
+def _run(tiny_lm, params, steps: int = 3) -> Trace:
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+
+    dec = Decoder(tiny_lm, "The sea", params, DecodeSettings(max_new_tokens=steps, seed=0))
+    dec.run(steps)
+    return dec.trace
+
+
+def _panels(view) -> list[str]:
+    """The titles above a stacked figure's panels."""
+    return [a.text for a in view.figure.layout.annotations]
+
+
+def test_gravity_off_draws_no_gravity_panel(tiny_lm):
+    from semviz.output.charts import STAGE_LABEL
+    from semviz.sampling import PruneParams
+
+    off = {v.name: v for v in report.views(_run(tiny_lm, PruneParams(top_k=8)))}
+    assert STAGE_LABEL["gravity"] not in _panels(off["distribution"])
+    assert _panels(off["distribution"]) == [STAGE_LABEL[s] for s in ("raw", "temperature", "final")]
+    assert "rank_shift" not in off
+    on = {v.name: v for v in report.views(_run(tiny_lm, PruneParams(top_k=8, gravity_lambda=1.0)))}
+    assert STAGE_LABEL["gravity"] in _panels(on["distribution"])
