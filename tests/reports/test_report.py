@@ -220,3 +220,25 @@ def test_gravity_off_draws_no_gravity_panel(tiny_lm):
     assert "rank_shift" not in off
     on = {v.name: v for v in report.views(_run(tiny_lm, PruneParams(top_k=8, gravity_lambda=1.0)))}
     assert STAGE_LABEL["gravity"] in _panels(on["distribution"])
+
+
+def test_exported_charts_carry_the_title_that_names_the_step(tiny_lm, tmp_path):
+    from semviz.sampling import PruneParams
+
+    vs = report.views(_run(tiny_lm, PruneParams(top_k=8)), selected=1)
+    dist = next(v for v in vs if v.name == "distribution")
+    fig = dist.exported()
+    assert fig.layout.title.text == dist.title == "Step 1: the distribution at each stage"
+    assert fig.layout.height == dist.png_height == dist.height + report.TITLE_ROOM
+    assert fig.layout.margin.t == dist.figure.layout.margin.t + report.TITLE_ROOM
+    assert dist.figure.layout.title.text is None  # the app and the HTML page keep their own
+    # a chart over the run names the step its yellow band marks
+    ent = next(v for v in vs if v.name == "entropy")
+    assert ent.exported().layout.title.text == "Entropy and varentropy per step · selected step 1"
+    assert next(v for v in vs if v.name == "chain").exported().layout.title.text == (
+        "The sampling chain"
+    )
+    pngs, _ = report.export_pngs([dist], tmp_path, engine="kaleido")
+    assert_real_image(pngs[0], dist.width, dist.png_height)
+    band = np.asarray(Image.open(pngs[0]).convert("L"))[: report.TITLE_ROOM, :400]
+    assert (band < 128).mean() > 0.01  # the title's dark text in the band above the chart
