@@ -59,6 +59,7 @@ __all__ = [
     "export_vector",
     "report_html",
     "shown_state",
+    "text_preview",
     "trace_params",
     "views",
     "zip_bytes",
@@ -461,6 +462,33 @@ def _text_html(trace: Trace) -> str:
             f"{_e(text) or '∅'}</span>"
         )
     return "".join(parts)
+
+
+PREVIEW_PROMPT_CHARS = 600  # a longer prompt is previewed as its start and its end
+
+
+def text_preview(trace: Trace, max_prompt_chars: int = PREVIEW_PROMPT_CHARS) -> str:
+    """The prompt from its beginning, then the generated text in ⟨ ⟩, as plain text.
+
+    A prompt longer than ``max_prompt_chars`` keeps its first and last parts, with a line
+    that says how much of it is left out between them.
+
+    >>> t = Trace({}, {}, "Once upon a time", [1], ["Once upon a time"])
+    >>> text_preview(t)
+    'Once upon a time⟨⟩'
+    >>> print(text_preview(Trace({}, {}, "x", [1], ["a" * 30 + "z" * 30]), 20))
+    aaaaaaaaaaaa
+    [… 40 characters of the prompt left out …]
+    zzzzzzzz⟨⟩
+    """
+    prompt = trace.prompt_text
+    if len(prompt) > max_prompt_chars:
+        head, tail = max_prompt_chars * 3 // 5, max_prompt_chars * 2 // 5
+        cut = len(prompt) - head - tail
+        prompt = (
+            f"{prompt[:head]}\n[… {cut:,} characters of the prompt left out …]\n{prompt[-tail:]}"
+        )
+    return f"{prompt}⟨{trace.text}⟩"
 
 
 def _bytes(rec) -> bytes:

@@ -105,9 +105,14 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     from tests.reports.conftest import embedded_figures
 
     at = new_app()
+    at.session_state["s_prompt"] = "Begin here. " + " ".join(f"word{i}" for i in range(40))
+    at.run()
     run_steps(at, 5)
     at.switch_page("app_pages/report.py").run()
     no_errors(at)
+    run = at.session_state["semviz"].decoder.trace
+    assert len(run.prompt_ids) > 40 and "Begin here." in run.prompt_text
+    assert at.code[0].value == run.prompt_text + "⟨" + run.text + "⟩"  # the whole prompt
     at.toggle(key="report_png").set_value(False).run()
     tmp = Path(tempfile.gettempdir())
     before = set(tmp.glob("semviz-report-*"))

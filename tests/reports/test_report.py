@@ -242,3 +242,15 @@ def test_exported_charts_carry_the_title_that_names_the_step(tiny_lm, tmp_path):
     assert_real_image(pngs[0], dist.width, dist.png_height)
     band = np.asarray(Image.open(pngs[0]).convert("L"))[: report.TITLE_ROOM, :400]
     assert (band < 128).mean() > 0.01  # the title's dark text in the band above the chart
+
+
+def test_text_preview_starts_at_the_prompts_beginning(tiny_lm):
+    from semviz.sampling import PruneParams
+
+    tr = _run(tiny_lm, PruneParams(top_k=8))
+    assert report.text_preview(tr) == tr.prompt_text + "⟨" + tr.text + "⟩"
+    assert tr.prompt_text.startswith(tr.prompt_tokens[0])
+    long = Trace(tr.settings, tr.model, "x", [1, 2], ["A" * 700, "Z" * 300])
+    cut = report.text_preview(long)
+    assert cut.startswith("A" * 360) and cut.endswith("Z" * 240 + "⟨⟩")
+    assert "\n[… 400 characters of the prompt left out …]\n" in cut
