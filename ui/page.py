@@ -138,7 +138,8 @@ def context(
     page still reads the settings and the link (Presenter, which has no sidebar).
     ``run``: the page shows the session's run. A page that decodes on its own (Compare, Does
     it help?) passes False: it draws no status line or what-if banner, which speak of that
-    run (a "No run yet" there reads as if the page needed one); a task's progress still shows.
+    run (a "No run yet" there reads as if the page needed one), and computes no what-if
+    (``ctx.wi`` stays None); a task's progress still shows.
     """
     if title:
         st.title(f"{icon} {title}".strip())
@@ -168,7 +169,8 @@ def context(
     if header:  # the status line streams with the task's ticks, its step count with them
         job_panel(ctx, body=(lambda: status_line(ctx)) if run else None)
     share_url(ctx)
-    ctx.update_whatif()
+    if run:  # a page that does not show the run has no use for its what-if replay
+        ctx.update_whatif()
     if header and run and not err2:
         whatif_banner(ctx)
     return ctx

@@ -150,6 +150,16 @@ def test_compare_page_runs_and_stops(new_app):
         at.switch_page(p).run()
         assert not [c.value for c in at.caption if "No run yet" in c.value], p
     assert any("Press **Run both**" in i.value for i in at.info)
+    # with a run and the sliders moved off it, the run's status and what-if stay off this page
+    run_steps(at, 3)
+    at.session_state["s_temperature"] = 0.2
+    at.switch_page("app_pages/compare.py").run()
+    assert not [w.value for w in at.warning if "What-if" in w.value]
+    assert not [c.value for c in at.caption if "**3** steps" in c.value]
+    at.switch_page("app_pages/distributions.py").run()  # where the run is shown, both are
+    assert [w.value for w in at.warning if "What-if" in w.value]
+    assert [c.value for c in at.caption if "**3** steps" in c.value]
+    at.switch_page("app_pages/compare.py").run()
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
     job = at.session_state["semviz"].compare_job
