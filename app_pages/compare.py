@@ -5,11 +5,9 @@ Each side is a spec as in ``python -m semviz compare`` (a preset, ``plain``, or
 forward, in short ticks, so Stop answers within a tick and keeps every token made so far.
 """
 
-import pandas as pd
 import streamlit as st
 
 from semviz.analysis import compare as cmp
-from semviz.analysis.metrics import METRIC_INFO
 from semviz.decoding.decoder import encode_prompt
 from ui import page, server
 from ui.errors import report
@@ -17,7 +15,7 @@ from ui.errors import report
 TICK_SECONDS = 0.4
 TICK_EVERY = 0.5
 
-ctx = page.context("Compare")
+ctx = page.context("Compare", run=False)  # it decodes its own sides
 sess = ctx.sess
 settings = ctx.settings
 job = sess.compare_job
@@ -122,11 +120,8 @@ def results() -> None:
     for col, name, side, body in ((c1, "A", res.sides[0], left), (c2, "B", res.sides[1], right)):
         col.markdown(f"**{name}** · `{side.label}`")
         col.html(body)
-    rows = []  # the table's columns are A and B: a side's spec can be too long for a header
-    for name, m in zip("AB", res.metrics(), strict=False):
-        d = m.to_dict()
-        rows.append({"side": name, **{METRIC_INFO[k][0]: d[k] for k in METRIC_INFO}})
-    st.dataframe(pd.DataFrame(rows).set_index("side").T, width="stretch")
+    # the table's columns are A and B: a side's spec can be too long for a header
+    st.dataframe(res.metrics_table(["A", "B"]), width="stretch")
     st.plotly_chart(cmp.comparison_figure(res), key="cmp_figure", config={"displaylogo": False})
 
 

@@ -11,18 +11,21 @@ if page.need_trace(ctx):
     i = page.step_selector(ctx)
     rec = ctx.steps[i]
     res = views.shown_result(ctx, i)
-    c1, c2 = st.columns([1, 1])
+    c1, c2, c3 = st.columns([1, 1, 1])
     mode = c1.segmented_control(
         "Layout", ["side", "overlay"], default="side", key="dist_mode",
         format_func=lambda m: "side by side" if m == "side" else "overlaid",
     )  # fmt: skip
-    top = c2.slider("Candidates drawn", 5, 60, 30, step=5, key="dist_top")
+    axis = c2.segmented_control(
+        "Probability axis", ["linear", "log"], default="linear", key="dist_axis",
+        help="Log: each decade of probability gets the same height, so the tail of a peaked "
+        "distribution shows instead of vanishing under the top token.",
+    )  # fmt: skip
+    top = c3.slider("Candidates drawn", 5, 60, 30, step=5, key="dist_top")
     chosen = ctx.chosen(i) if res is not None else rec.chosen_rank
     labels = ctx.labels(rec.cand_ids[: max(top, chosen + 1)].tolist())
-    stages = charts.step_stages(rec, res)
     params = res.params if res is not None else ctx.decoder.params  # what is shown
-    if params.gravity_lambda == 0:
-        stages.pop("gravity", None)  # λ = 0: the same bars as raw
+    stages = charts.step_stages(rec, res, params)  # λ = 0: no gravity panel (raw's bars)
     if res is not None:
         kept = res.kept.numpy()
     else:  # as recorded: a candidate the filters cut has no final probability
@@ -31,7 +34,7 @@ if page.need_trace(ctx):
     token = charts.display_token(ctx.labels([taken])[0])
     st.subheader(f"Step {i}: {token} — the distribution at every stage")
     fig = charts.distribution_figure(
-        labels, stages, kept=kept, chosen=chosen, mode=mode or "side", top=top
+        labels, stages, kept=kept, chosen=chosen, mode=mode or "side", top=top, log=axis == "log"
     )
     views.chart(fig, key="dist_stages")
     notes = ["The yellow band is the token taken"]

@@ -22,7 +22,7 @@ from ui.errors import message, report
 
 POLL_SECONDS = 1.0
 
-ctx = page.context("Does it help?")
+ctx = page.context("Does it help?", run=False)  # it reads results files, not the run
 SHARED = server.config().shared  # read after the sidebar, which stops on a bad configuration
 job = st.session_state.setdefault("frontier_job", {"running": False})
 

@@ -90,8 +90,8 @@ if trace is not None:
         f"stop: {escape.markdown(trace.stop_reason or 'not stopped')}"
     )
     with st.expander("Generated text", expanded=True):
-        st.code("".join(trace.prompt_tokens[-40:]) + "⟨" + trace.text + "⟩", language=None,
-                wrap_lines=True)  # fmt: skip
+        st.code(report.text_preview(trace), language=None, wrap_lines=True)
+        st.caption("The prompt from its beginning, then the generated tokens in ⟨ ⟩.")
 
     # -- build and download --------------------------------------------------------------------
     st.subheader("Build the report")

@@ -1,9 +1,7 @@
 """Tour 5: an A/B of the baseline against baseline + gravity, with latency and quality."""
 
-import pandas as pd
 import streamlit as st
 
-from semviz.analysis.metrics import METRIC_INFO
 from ui import page, tour
 
 ctx = page.context("Tour 5 · A/B: latency and quality")
@@ -43,11 +41,7 @@ st.code(
 res = job.get("result")
 if res is not None:
     st.subheader("The last comparison")
-    rows = [
-        {"side": s.label, **{METRIC_INFO[k][0]: v for k, v in m.to_dict().items()}}
-        for s, m in zip(res.sides, res.metrics(), strict=True)
-    ]
-    st.dataframe(pd.DataFrame(rows).set_index("side").T, width="stretch")
+    st.dataframe(res.metrics_table(), width="stretch")
     fd = res.first_divergence()
     st.caption("First divergence: " + ("none" if fd is None else f"step {fd}"))
 tour.footer(5)

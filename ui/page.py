@@ -155,7 +155,7 @@ def token_texts(tokenizer, ids: tuple[int, ...]) -> list[str]:
 
 
 def context(
-    title: str, *, icon: str = "", header: bool = True, sidebar: bool = True
+    title: str, *, icon: str = "", header: bool = True, sidebar: bool = True, run: bool = True
 ) -> PageContext:
     """Draw the page title and the shared header; return the page's context.
 
@@ -164,6 +164,10 @@ def context(
     below its prompt and buttons and around its token strip, so the strip streams.
     An empty ``title`` draws none. ``sidebar``: draw the settings' widgets; without them the
     page still reads the settings and the link (Presenter, which has no sidebar).
+    ``run``: the page shows the session's run. A page that decodes on its own (Compare, Does
+    it help?) passes False: it draws no status line or what-if banner, which speak of that
+    run (a "No run yet" there reads as if the page needed one), and computes no what-if
+    (``ctx.wi`` stays None); a task's progress still shows.
     """
     if title:
         st.title(f"{icon} {title}".strip())
@@ -191,10 +195,11 @@ def context(
         nav.keep_link_notes(st.session_state)  # the link's notes again (taken by the sidebar)
     messages(ctx)
     if header:  # the status line streams with the task's ticks, its step count with them
-        job_panel(ctx, body=lambda: status_line(ctx))
+        job_panel(ctx, body=(lambda: status_line(ctx)) if run else None)
     share_url(ctx)
-    ctx.update_whatif()
-    if header and not err2:
+    if run:  # a page that does not show the run has no use for its what-if replay
+        ctx.update_whatif()
+    if header and run and not err2:
         whatif_banner(ctx)
     return ctx
 

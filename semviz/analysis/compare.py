@@ -55,6 +55,8 @@ __all__ = [
     "comparison_figure",
     "diff_html",
     "first_divergence",
+    "format_metric",
+    "kept_axis",
     "markdown_table",
     "parse_side",
     "start",
@@ -186,6 +188,20 @@ class Comparison:
 
     def metrics(self) -> list[RunMetrics]:
         return [run_metrics(t) for t in self.traces]
+
+    def metrics_table(self, names: Sequence[str] | None = None):
+        """The sides' metrics for reading: one row per metric, one column per side (``names``,
+        default the sides' labels) and ``means``, what the metric measures; values are
+        :func:`format_metric` strings, so a metric a side has none of reads ``–``, not None."""
+        import pandas as pd
+
+        names = [s.label for s in self.sides] if names is None else list(names)
+        ds = [m.to_dict() for m in self.metrics()]
+        cols = {
+            n: [format_metric(k, d[k]) for k in METRIC_INFO] for n, d in zip(names, ds, strict=True)
+        }
+        index = pd.Index([label for label, _ in METRIC_INFO.values()], name="metric")
+        return pd.DataFrame({**cols, "means": [u for _, u in METRIC_INFO.values()]}, index=index)
 
     def first_divergence(self, i: int = 0, j: int = 1) -> int | None:
         return first_divergence(self.traces[i].token_ids, self.traces[j].token_ids)
@@ -332,15 +348,20 @@ def compare(
 # -- tables ---------------------------------------------------------------------------------
 
 
-def _fmt(name: str, v) -> str:
+def format_metric(name: str, v) -> str:
+    """A metric as a table shows it: a dash where it has no value (``mean_gravity`` with
+    gravity off, a rate of a text too short for its n-grams), counts with thousands separators.
+
+    >>> [format_metric(k, v) for k, v in (("mean_gravity", None), ("mean_kept", 49152.0),
+    ...                                   ("steps", 64), ("distinct_1", 0.75))]
+    ['–', '49,152.0', '64', '0.750']
+    """
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if name in ("steps",):
-        return str(int(v))
-    if name == "mean_kept":
-        return f"{v:.1f}"
-    if name == "tokens_per_s":
-        return f"{v:.1f}"
+        return f"{int(v):,}"
+    if name in ("mean_kept", "tokens_per_s"):
+        return f"{v:,.1f}"
     return f"{v:.3f}"
 
 
@@ -350,7 +371,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -
     head = ["side"] + [METRIC_INFO[c][0] if c in METRIC_INFO else c for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|"]
     for r in rows:
-        cells = [f"`{r['side']}`"] + [_fmt(c, r.get(c)) for c in cols]
+        cells = [f"`{r['side']}`"] + [format_metric(c, r.get(c)) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -376,6 +397,31 @@ def mean_rows(per_prompt: Sequence[Sequence[RunMetrics]], labels: Sequence[str])
 SIDE_COLORS = SIDES  # one colour per side, in the line and in its text
 
 
+def kept_axis(counts: Sequence[int]) -> dict:
+    """The kept-set axis: whole token counts with thousands separators, from 1 (or 0) up.
+
+    Past 50 tokens the axis is log with one tick per decade (1, 10, 100, 1,000, …), so a
+    side that keeps the whole vocabulary and one that keeps a handful share it, and a flat
+    line still sits among labelled decades rather than between Plotly's 2s and 5s.
+
+    >>> kept_axis([49152, 49152])["tickvals"]
+    [1, 10, 100, 1000, 10000, 100000]
+    >>> kept_axis([1, 3])["dtick"]
+    1
+    """
+    top = max(counts, default=1)
+    if top > 50:
+        decades = math.ceil(math.log10(top))
+        return {
+            "type": "log", "range": [-0.1, math.log10(top) + 0.15],
+            "tickvals": [10**d for d in range(decades + 1)], "tickformat": ",d",
+        }  # fmt: skip
+    axis = {"type": "linear", "rangemode": "tozero", "tickformat": ",d"}
+    if top <= 10:
+        axis["dtick"] = 1  # no 0.5 ticks between whole tokens
+    return axis
+
+
 def comparison_figure(cmp: Comparison):
     """Entropy and kept-set size of every side on one step axis; the first divergence marked."""
     from plotly.subplots import make_subplots
@@ -397,7 +443,7 @@ def comparison_figure(cmp: Comparison):
         fig.add_scatter(
             x=x, y=[s.n_kept for s in tr.steps], mode="lines", line={"color": color, "shape": "hv"},
             name=side.label, legendgroup=side.label, showlegend=False, customdata=toks,
-            hovertemplate="step %{x} %{customdata[0]!r}<br>kept %{y}<extra>" + side.label + "</extra>",
+            hovertemplate="step %{x} %{customdata[0]!r}<br>kept %{y:,}<extra>" + side.label + "</extra>",
             row=2, col=1,
         )  # fmt: skip
     fd = cmp.first_divergence() if len(cmp.traces) >= 2 else None
@@ -408,8 +454,7 @@ def comparison_figure(cmp: Comparison):
             x=fd, y=1.0, xref="x", yref="paper", text=f"first divergence: step {fd}",
             showarrow=False, xanchor="left", yanchor="bottom", font={"color": WHATIF},
         )  # fmt: skip
-    if any(s.n_kept > 50 for tr in cmp.traces for s in tr.steps):
-        fig.update_yaxes(type="log", row=2, col=1)
+    fig.update_yaxes(kept_axis([s.n_kept for tr in cmp.traces for s in tr.steps]), row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)
     fig.update_layout(
         height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},

@@ -48,6 +48,7 @@ STAGE_LABEL = {
     "temperature": "after temperature",
     "final": "final (kept, renormalised)",
 }
+LOG_PROB_FLOOR = -12  # a log probability axis reaches no lower than 1e-12
 STAGE_COLOR = style.STAGE
 ACTION_COLOR = style.ACTION
 
@@ -77,6 +78,7 @@ __all__ = [
     "lens_grid_figure",
     "lens_layers_figure",
     "lens_row_labels",
+    "log_prob_axis",
     "prefill_scaling_figure",
     "quadrant_figure",
     "rank_shift_figure",
@@ -140,10 +142,17 @@ def fmt_prob(p: float) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def step_stages(rec: StepRecord, result: PruneResult | None = None) -> dict[str, np.ndarray]:
-    """Per-stage probabilities over the step's K candidates, from a replay or as recorded."""
+def step_stages(
+    rec: StepRecord, result: PruneResult | None = None, params: PruneParams | None = None
+) -> dict[str, np.ndarray]:
+    """Per-stage probabilities over the step's K candidates, from a replay or as recorded.
+
+    With ``params`` (the settings shown), a stage they leave off is not returned: with
+    gravity off (λ = 0) the gravity stage only repeats the raw bars, so no panel is drawn.
+    """
     src = result.index_probs if result is not None else rec.stage_probs
-    return {k: _np(src[k]) for k in STAGE_ORDER if k in src}
+    off = {"gravity"} if params is not None and params.gravity_lambda == 0 else set()
+    return {k: _np(src[k]) for k in STAGE_ORDER if k in src and k not in off}
 
 
 def _base(title: str | None, height: int) -> dict:
@@ -228,6 +237,7 @@ def distribution_figure(
     top: int = TOP,
     stages_shown: Sequence[str] = STAGE_ORDER,
     horizontal: bool = False,
+    log: bool = False,
 ) -> go.Figure:
     """Raw / gravity-adjusted / after temperature / final probabilities of the top candidates.
 
@@ -242,6 +252,8 @@ def distribution_figure(
         after the top ones when it ranks below them.
     mode : ``"side"`` one panel per stage, ``"overlay"`` grouped bars in one panel.
     horizontal : overlay only: candidates down the y axis (long labels stay level).
+    log : a log probability axis, so the tail of a peaked distribution shows; every panel
+        gets the same decades (:func:`log_prob_axis`).
     """
     names = [s for s in stages_shown if s in stages]
     size = min([len(labels), *(len(stages[s]) for s in names)]) if names else 0
@@ -251,8 +263,9 @@ def distribution_figure(
     focus = idx.index(chosen) if chosen is not None and chosen in idx else None
     kept_all = np.ones(size, bool) if kept is None else np.asarray(kept[:size], bool)
     kept_n = kept_all[idx] if size else kept_all
+    axis = log_prob_axis([stages[s][idx] for s in names]) if log else {}
     if mode == "overlay" or len(names) <= 1:
-        return _overlay(names, stages, idx, cats, focus, horizontal)
+        return _overlay(names, stages, idx, cats, focus, horizontal, axis)
     layout = _base(None, 150 * len(names) + 110)
     layout.update(_stacked(len(names), [STAGE_LABEL[s] for s in names], 0.05))
     layout["shapes"] = []
@@ -272,10 +285,11 @@ def distribution_figure(
             "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "showlegend": False,
             "marker": {"color": STAGE_COLOR[s], "opacity": [0.3 if p else 1.0 for p in pruned],
                        "pattern": {"shape": ["/" if p else "" for p in pruned]}},
-            "customdata": [f"cut by the filters (p {before} = {y:.4f})" if p else f"p={y:.4f}"
-                           for p, y in zip(pruned, ys, strict=True)],
+            "customdata": [f"cut by the filters (p {before} = {fmt_prob(y)})" if p
+                           else f"p={fmt_prob(y)}" for p, y in zip(pruned, ys, strict=True)],
             "hovertemplate": "%{x}<br>%{customdata}<extra>" + STAGE_LABEL[s] + "</extra>",
         })  # fmt: skip
+        layout[f"yaxis{sfx}"].update(axis)
         if focus is not None:
             layout["shapes"].append(_band(focus, 0.5, f"x{sfx}", f"y{sfx} domain"))
     layout[f"xaxis{len(names) if len(names) > 1 else ''}"].update(
@@ -284,19 +298,39 @@ def distribution_figure(
     return _figure(data, layout)
 
 
-def _overlay(names, stages, idx, cats, focus, horizontal: bool) -> go.Figure:
-    """Grouped bars, one colour per stage, in one panel."""
+def log_prob_axis(values: Sequence[np.ndarray]) -> dict:
+    """A log probability axis from the smallest drawn probability's decade up to p = 1.
+
+    One range for every panel, so a bar's height means the same probability in each; a
+    decade per tick (every other one past 8 decades), printed as 10⁻ⁿ. Zeros (a stage
+    that leaves a candidate no mass) have no log and are not drawn.
+
+    >>> log_prob_axis([np.array([0.9, 0.02, 3e-5])])["range"]
+    [-5, 0.05]
+    """
+    pos = [float(v) for a in values for v in np.asarray(a, np.float64).ravel() if v > 0]
+    lo = max(math.floor(math.log10(min(pos))), LOG_PROB_FLOOR) if pos else -3
+    lo = min(lo, -1)  # at least one decade below p = 1
+    return {
+        "type": "log", "range": [lo, 0.05], "dtick": 1 if -lo <= 8 else 2,
+        "exponentformat": "power", "title": {"text": "probability (log)"},
+    }  # fmt: skip
+
+
+def _overlay(names, stages, idx, cats, focus, horizontal: bool, axis: dict) -> go.Figure:
+    """Grouped bars, one colour per stage, in one panel (``axis``: a log probability axis)."""
     data = []
+    p = ("%{x" if horizontal else "%{y") + (":.3g}" if axis else ":.4f}")  # a tail reads on log
     for s in names:
         vals = stages[s][idx].tolist()
         xy = {"y": cats, "x": vals, "orientation": "h"} if horizontal else {"x": cats, "y": vals}
         data.append({
             "type": "bar", **xy, "name": STAGE_LABEL[s], "marker": {"color": STAGE_COLOR[s]},
-            "hovertemplate": ("%{y}<br>p=%{x:.4f}" if horizontal else "%{x}<br>p=%{y:.4f}")
+            "hovertemplate": ("%{y}" if horizontal else "%{x}") + "<br>p=" + p
             + "<extra>" + STAGE_LABEL[s] + "</extra>",
         })  # fmt: skip
     layout = _base(None, 380)
-    prob_axis = {"title": {"text": "probability"}, "rangemode": "tozero"}
+    prob_axis = axis or {"title": {"text": "probability"}, "rangemode": "tozero"}
     cat_axis = {"type": "category", "tickfont": {"size": 11}}
     if horizontal:
         cat_axis["autorange"] = "reversed"  # rank 1 at the top

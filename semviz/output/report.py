@@ -43,7 +43,7 @@ from semviz.analysis import lens
 from semviz.analysis.metrics import METRIC_INFO, run_metrics
 from semviz.analysis.replay import WhatIf
 from semviz.model.forward import kv_bytes_per_token
-from semviz.output import charts, files, style
+from semviz.output import charts, escape, files, style
 from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
 
@@ -59,6 +59,7 @@ __all__ = [
     "export_vector",
     "report_html",
     "shown_state",
+    "text_preview",
     "trace_params",
     "views",
     "zip_bytes",
@@ -67,36 +68,70 @@ __all__ = [
 FORMAT = "semviz-report"
 OUTPUTS = ("report.html", "report.json", "trace.json", "trace.parquet", "png")  # what build writes
 PNG_WIDTH = 1000
+TITLE_ROOM = 40  # px above an exported chart for the view's title
 Progress = Callable[[str, float], None]
 
 
 @dataclass
 class View:
-    """One chart of the report: a stable name (file name), a title, a caption, the figure."""
+    """One chart of the report: a stable name (file name), a title, a caption, the figure.
+
+    ``step``: the selected step a chart over the run marks (a per-step chart's title names
+    its step already); the exported image's title names it too.
+    """
 
     name: str
     title: str
     caption: str
     figure: object  # plotly.graph_objects.Figure
     width: int = PNG_WIDTH
+    step: int | None = None
+
+    @property
+    def export_title(self) -> str:
+        """The title an exported image carries: the view's, and the step it marks."""
+        return self.title if self.step is None else f"{self.title} · selected step {self.step}"
 
     @property
     def height(self) -> int:
         h = self.figure.layout.height
         return int(h) if h else 450
 
+    @property
+    def png_height(self) -> int:
+        """An exported image's height: the chart's, and a band above it for the title."""
+        return self.height + TITLE_ROOM
+
+    def title_layout(self) -> dict:
+        """The title band of an exported image: the view's title, which names the step a
+        per-step view shows, so a PNG read on its own says what it is."""
+        return {
+            "title": {
+                "text": escape.plotly(self.export_title), "x": 0, "xanchor": "left",
+                "xref": "container", "y": 1, "yanchor": "top", "yref": "container",
+                "pad": {"t": 12, "l": 14}, "font": {"size": 16},
+            },
+            "margin": {"t": _margin_top(self.figure) + TITLE_ROOM},
+            "height": self.png_height,
+        }  # fmt: skip
+
     def exported(self):
         """The figure as a file shows it: on the light export template, whatever theme the
-        app gave it."""
+        app gave it, with its title above it (:meth:`title_layout`)."""
         import plotly.graph_objects as go
 
         fig = go.Figure(self.figure)
-        fig.update_layout(template=style.EXPORT_TEMPLATE)
+        fig.update_layout(template=style.EXPORT_TEMPLATE, **self.title_layout())
         return fig
 
     def json(self) -> dict:
         """The figure as plain JSON (what the HTML embeds; the page adds the template)."""
         return json.loads(self.figure.to_json())
+
+
+def _margin_top(fig) -> int:
+    t = fig.layout.margin.t
+    return 100 if t is None else int(t)  # Plotly's default
 
 
 # -- building the views ------------------------------------------------------------------------
@@ -169,7 +204,7 @@ def views(
     n = len(steps)
     sel = n - 1 if selected is None else max(0, min(int(selected), n - 1))
     out = _run_views(trace, params, sel, whatif)
-    out += _step_views(trace, sel, _labeler(trace, tokenizer), whatif)
+    out += _step_views(trace, params, sel, _labeler(trace, tokenizer), whatif)
     out += _recorded_views(trace, sel)
     out += _lens_views(trace, sel, _labeler(trace, tokenizer), lm)
     out.append(View(
@@ -196,26 +231,29 @@ def _run_views(trace: Trace, params: PruneParams, sel: int, whatif: WhatIf | Non
         View(
             "entropy", "Entropy and varentropy per step",
             f"Raw next-token entropy (nats) with the thresholds the settings act on; {mark}.",
-            charts.entropy_figure(df, params, selected=sel, first_diff=first),
+            charts.entropy_figure(df, params, selected=sel, first_diff=first), step=sel,
         ),
         View(
             "thermo", "Effective temperature, free energy and kept-set size",
             "What the sampler did at each step; crosses mark the safety fallback.",
-            charts.thermo_figure(df, selected=sel, first_diff=first),
+            charts.thermo_figure(df, selected=sel, first_diff=first), step=sel,
         ),
         View(
             "entropy_scatter", "Entropy × varentropy",
             "One point per step, coloured by what the sampler did.",
-            charts.entropy_scatter(df, selected=sel),
+            charts.entropy_scatter(df, selected=sel), step=sel,
         ),
     ]  # fmt: skip
 
 
-def _step_views(trace: Trace, sel: int, labels, whatif: WhatIf | None) -> list[View]:
-    """The selected step's distribution, waterfall and rank shifts."""
+def _step_views(
+    trace: Trace, params: PruneParams, sel: int, labels, whatif: WhatIf | None
+) -> list[View]:
+    """The selected step's distribution, waterfall and rank shifts (``params``: the settings
+    shown; with gravity off neither a gravity panel nor rank shifts are drawn)."""
     rec = trace.steps[sel]
     res = whatif.results[sel] if whatif is not None else None
-    stages = charts.step_stages(rec, res)
+    stages = charts.step_stages(rec, res, params)
     chosen = whatif.chosen[sel] if whatif is not None else rec.chosen_rank
     if res is not None:
         kept = res.kept.numpy()
@@ -287,6 +325,7 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
             "not yet written. Each layer keeps its own positions; the app's KV page picks the "
             "layer.",
             charts.kv_timeline_figure(steps, n_positions=len(ctx_tokens), layer=0, selected=sel),
+            step=sel,
         ))  # fmt: skip
     m = trace.model
     bpt = None
@@ -344,7 +383,7 @@ def _lens_views(trace: Trace, sel: int, labels, lm) -> list[View]:
                     grid, [labels(row) for row in grid.top_id.tolist()],
                     [r.token_text for r in shown], selected=sel,
                 ),
-                width=1400,
+                width=1400, step=sel,
             ))  # fmt: skip
             names = labels(ba.token_ids.tolist())
             out.append(View(
@@ -362,11 +401,12 @@ def _lens_views(trace: Trace, sel: int, labels, lm) -> list[View]:
             "Attention entropy and varentropy of the last layer's last query (mean over heads), "
             "head agreement and interaction strength, beside the logits' entropy and varentropy.",
             charts.attention_metrics_figure(df, lens.attention_series(trace), selected=sel),
+            step=sel,
         ))  # fmt: skip
         out.append(View(
             "quadrant", "The entropix quadrant",
             "Each step's logits entropy × varentropy, split at the run's medians.",
-            charts.quadrant_figure(df, selected=sel),
+            charts.quadrant_figure(df, selected=sel), step=sel,
         ))  # fmt: skip
     return out
 
@@ -422,6 +462,33 @@ def _text_html(trace: Trace) -> str:
             f"{_e(text) or '∅'}</span>"
         )
     return "".join(parts)
+
+
+PREVIEW_PROMPT_CHARS = 600  # a longer prompt is previewed as its start and its end
+
+
+def text_preview(trace: Trace, max_prompt_chars: int = PREVIEW_PROMPT_CHARS) -> str:
+    """The prompt from its beginning, then the generated text in ⟨ ⟩, as plain text.
+
+    A prompt longer than ``max_prompt_chars`` keeps its first and last parts, with a line
+    that says how much of it is left out between them.
+
+    >>> t = Trace({}, {}, "Once upon a time", [1], ["Once upon a time"])
+    >>> text_preview(t)
+    'Once upon a time⟨⟩'
+    >>> print(text_preview(Trace({}, {}, "x", [1], ["a" * 30 + "z" * 30]), 20))
+    aaaaaaaaaaaa
+    [… 40 characters of the prompt left out …]
+    zzzzzzzz⟨⟩
+    """
+    prompt = trace.prompt_text
+    if len(prompt) > max_prompt_chars:
+        head, tail = max_prompt_chars * 3 // 5, max_prompt_chars * 2 // 5
+        cut = len(prompt) - head - tail
+        prompt = (
+            f"{prompt[:head]}\n[… {cut:,} characters of the prompt left out …]\n{prompt[-tail:]}"
+        )
+    return f"{prompt}⟨{trace.text}⟩"
 
 
 def _bytes(rec) -> bytes:
@@ -573,7 +640,7 @@ def _kaleido_export(
                     break
                 if progress:
                     progress(f"{fmt.upper()} {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
-                opts = {"format": fmt, "width": v.width, "height": v.height, "scale": 1}
+                opts = {"format": fmt, "width": v.width, "height": v.png_height, "scale": 1}
                 img = await k.calc_fig(v.exported(), opts=opts)
                 done.append(files.write_bytes(out / f"{v.name}.{fmt}", img))
         return done
@@ -602,18 +669,20 @@ def _playwright_export(
                     break
                 if progress:
                     progress(f"PNG {i + 1}/{len(vs)}: {v.name}", i / max(len(vs), 1))
+                tl = v.title_layout()  # the title band, as kaleido draws it
                 page.evaluate(
-                    "([id, w, h]) => { const d = document.getElementById(id);"
+                    "([id, w, h, t]) => { const d = document.getElementById(id);"
                     " d.style.width = w + 'px'; d.style.height = h + 'px'; d.style.border = '0';"
-                    " return Plotly.Plots.resize(d); }",
-                    [f"chart-{v.name}", v.width, v.height],
+                    " return Plotly.relayout(d, {title: t.title, 'margin.t': t.margin.t,"
+                    " height: h, width: w}); }",
+                    [f"chart-{v.name}", v.width, v.png_height, tl],
                 )
                 path = out / f"{v.name}.png"
                 loc = page.locator(f"#chart-{v.name}")
                 loc.scroll_into_view_if_needed()
                 box = loc.bounding_box()  # the page may place it at a fractional offset
                 clip = {"x": round(box["x"]), "y": round(box["y"]), "width": v.width,
-                        "height": v.height}  # fmt: skip
+                        "height": v.png_height}  # fmt: skip
                 with files.atomic_path(path) as tmp:
                     page.screenshot(path=str(tmp), clip=clip, type="png")
                 done.append(path)
@@ -754,7 +823,14 @@ def _manifest(trace: Trace, vs: Sequence[View], selected, whatif: WhatIf | None)
         },
         "metrics": run_metrics(trace).to_dict(),
         "charts": [
-            {"name": v.name, "title": v.title, "width": v.width, "height": v.height, "png": None}
+            # the size of the exported image: the chart and its title band
+            {
+                "name": v.name,
+                "title": v.title,
+                "width": v.width,
+                "height": v.png_height,
+                "png": None,
+            }
             for v in vs
         ],
         "files": {"html": "report.html", "trace": "trace.json", "table": "trace.parquet"},

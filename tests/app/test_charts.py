@@ -182,6 +182,30 @@ def test_distribution_draws_a_chosen_token_below_the_top_and_marks_the_pruned():
     assert horiz.data[0].orientation == "h" and len(horiz.data[0].y) == 5
 
 
+def test_log_axis_shows_the_tail_of_a_peaked_distribution():
+    k = 30
+    p = np.r_[0.999, np.geomspace(1e-4, 1e-7, k - 1)]  # one token takes nearly all the mass
+    stages = {"raw": p, "temperature": p, "final": np.where(np.arange(k) < 5, p, 0.0)}
+    kept = np.arange(k) < 5
+    labels = [f"w{i}" for i in range(k)]
+    lin = validated(charts.distribution_figure(labels, stages, kept=kept, top=k)).layout
+    assert lin.yaxis.type is None and lin.yaxis3.type is None  # linear unless asked
+    fig = validated(charts.distribution_figure(labels, stages, kept=kept, top=k, log=True))
+    axes = [fig.layout.yaxis, fig.layout.yaxis2, fig.layout.yaxis3]
+    assert [a.type for a in axes] == ["log"] * 3
+    # one range in every panel, from the tail's decade (1e-7) up to p = 1
+    assert {tuple(a.range) for a in axes} == {(-7, 0.05)}
+    assert axes[0].dtick == 1 and axes[0].exponentformat == "power"
+    # the cut ghosts keep their pre-cut height, so the final panel's tail is drawn too
+    assert fig.data[2].y[-1] == pytest.approx(p[-1])
+    assert fig.data[0].customdata[-1] == "p=1.0e-07"  # a hover a reader can tell from zero
+    over = validated(charts.distribution_figure(labels, stages, mode="overlay", log=True))
+    assert over.layout.yaxis.type == "log" and tuple(over.layout.yaxis.range) == (-7, 0.05)
+    horiz = validated(charts.distribution_figure(labels, stages, mode="overlay", log=True,
+                                                 horizontal=True))  # fmt: skip
+    assert horiz.layout.xaxis.type == "log" and horiz.layout.yaxis.type == "category"
+
+
 def test_step_axis_points_carry_their_step(run):
     lm, tr, wi, p = run
     df = charts.step_frame(tr)

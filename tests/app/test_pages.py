@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -98,6 +99,24 @@ def test_moving_a_slider_changes_the_figures(generated, page, key, value):
     changed = [k for k in before if before[k]["data"] != after[k]["data"]]
     assert changed, f"moving {key} changed no figure on {page}"
     assert n_steps(at) == 8  # what-if: no model run, the trace is unchanged
+
+
+def test_distributions_log_axis(generated):
+    at = generated
+    at.switch_page("app_pages/distributions.py").run()
+    fig = charts(at)["0"]
+    panels = [k for k in fig["layout"] if k.startswith("yaxis")]
+    assert len(panels) >= 3 and all("type" not in fig["layout"][k] for k in panels)  # linear
+    at.segmented_control(key="dist_axis").set_value("log").run()
+    assert not at.exception
+    log = charts(at)["0"]
+    assert log["data"] == fig["data"]  # the same bars, on another axis
+    assert {log["layout"][k]["type"] for k in panels} == {"log"}
+    lo = min(min(y for y in t["y"] if y > 0) for t in log["data"])
+    ranges = {tuple(log["layout"][k]["range"]) for k in panels}
+    assert len(ranges) == 1 and ranges.pop()[0] <= math.log10(lo)  # the smallest bar is drawn
+    at.segmented_control(key="dist_mode").set_value("overlay").run()
+    assert charts(at)["0"]["layout"]["yaxis"]["type"] == "log"
 
 
 def test_slider_widget_drives_the_replay(app):

@@ -140,6 +140,24 @@ def test_interleaved_sides_equal_separate_runs(tiny_lm):
     assert set(df["side"]) == {a.label, b.label} and len(df) == 8
 
 
+def test_kept_set_axis_reads_in_whole_tokens_by_decade(tiny_lm):
+    # plain keeps the whole vocabulary at every step: a flat line at 49,152 on a log axis
+    cmp = compare(tiny_lm, PROMPT, [parse_side("plain"), parse_side("top_k=5")], steps=3)
+    assert {s.n_kept for s in cmp.traces[0].steps} == {len(tiny_lm.tokenizer)}
+    y = comparison_figure(cmp).layout.yaxis2
+    assert y.type == "log" and y.tickformat == ",d"
+    assert list(y.tickvals) == [1, 10, 100, 1_000, 10_000, 100_000]  # decades, no 2s and 5s
+    assert y.range[0] < 0 < math.log10(len(tiny_lm.tokenizer)) < y.range[1] < 5
+    small = comparison_figure(compare(tiny_lm, PROMPT, [parse_side("top_k=3")], steps=2))
+    assert small.layout.yaxis2.type == "linear" and small.layout.yaxis2.dtick == 1
+    # the metrics as a table shows them: a dash for gravity off, never None
+    table = cmp.metrics_table(["A", "B"])
+    assert list(table.columns) == ["A", "B", "means"]
+    assert table.loc["mean max gravity"].tolist() == ["–", "–", "z-score, blank when off"]
+    assert table.loc["mean kept set", "A"] == f"{len(tiny_lm.tokenizer):,}.0"  # 49,152.0
+    assert table.loc["mean kept set", "B"] == "5.0" and table.loc["tokens", "A"] == "3"
+
+
 def test_same_settings_never_diverge(tiny_lm):
     s = parse_side("top_k=20")
     cmp = compare(tiny_lm, PROMPT, [s, Side("again", s.params)], steps=3, seed=0)
@@ -178,6 +196,8 @@ def test_markdown_table():
     md = markdown_table(rows)
     assert md.splitlines()[0].startswith("| side | tokens | distinct-1")
     assert "| `top_p=0.9` | 8 | 1.000 | 1.000 | 0.000 | 2.000 | – | 0.500 | 3.0 | 10.0 |" in md
+    wide = mean_rows([[metrics.RunMetrics(4, 1.0, 1.0, 0.0, 2.0, None, 0.0, 49152.0, 1.5)]], ["p"])
+    assert "| 0.000 | 49,152.0 | 1.5 |" in markdown_table(wide)  # no 49152.0 to count digits in
 
 
 # -- CLI -------------------------------------------------------------------------------------

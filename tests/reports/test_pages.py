@@ -105,9 +105,14 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     from tests.reports.conftest import embedded_figures
 
     at = new_app()
+    at.session_state["s_prompt"] = "Begin here. " + " ".join(f"word{i}" for i in range(40))
+    at.run()
     run_steps(at, 5)
     at.switch_page("app_pages/report.py").run()
     no_errors(at)
+    run = at.session_state["semviz"].decoder.trace
+    assert len(run.prompt_ids) > 40 and "Begin here." in run.prompt_text
+    assert at.code[0].value == run.prompt_text + "⟨" + run.text + "⟩"  # the whole prompt
     at.toggle(key="report_png").set_value(False).run()
     tmp = Path(tempfile.gettempdir())
     before = set(tmp.glob("semviz-report-*"))
@@ -141,6 +146,19 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
 
 def test_compare_page_runs_and_stops(new_app):
     at = new_app()
+    for p in ("app_pages/frontier.py", "app_pages/compare.py"):  # neither needs a run
+        at.switch_page(p).run()
+        assert not [c.value for c in at.caption if "No run yet" in c.value], p
+    assert any("Press **Run both**" in i.value for i in at.info)
+    # with a run and the sliders moved off it, the run's status and what-if stay off this page
+    run_steps(at, 3)
+    at.session_state["s_temperature"] = 0.2
+    at.switch_page("app_pages/compare.py").run()
+    assert not [w.value for w in at.warning if "What-if" in w.value]
+    assert not [c.value for c in at.caption if "**3** steps" in c.value]
+    at.switch_page("app_pages/distributions.py").run()  # where the run is shown, both are
+    assert [w.value for w in at.warning if "What-if" in w.value]
+    assert [c.value for c in at.caption if "**3** steps" in c.value]
     at.switch_page("app_pages/compare.py").run()
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
@@ -153,6 +171,15 @@ def test_compare_page_runs_and_stops(new_app):
     res = job["result"]
     assert res.steps == 4 and len(res.traces) == 2
     assert at.get("plotly_chart") and at.dataframe
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["A", "B", "means"]
+    assert table.loc["mean max gravity", "A"] == "–"  # side A has gravity off: not "None"
+    assert float(table.loc["mean max gravity", "B"])  # B's rerank has a value
+    kept = res.metrics()[0].mean_kept
+    assert table.loc["mean kept set", "A"] == f"{kept:,.1f}"  # 49,152.0 rather than 49152
+    y = specs(at)[0]["layout"]["yaxis2"]
+    assert y["tickformat"] == ",d"
+    assert y["type"] == "linear" or y["tickvals"][:3] == [1, 10, 100]
     # a long run stopped after the first tick keeps its tokens
     at.number_input(key="cmp_steps").set_value(200).run()
     at.button(key="cmp_run").click().run()

@@ -195,3 +195,62 @@ def test_a_full_disk_leaves_no_folder_behind(tiny_lm, tmp_path, capsys, monkeypa
     assert main(["report", "--trace", str(path), "--out", str(out), "--no-png"]) == 2
     assert capsys.readouterr().err.endswith("semviz report: no space left on device\n")
     assert not out.exists()
+
+
+def _run(tiny_lm, params, steps: int = 3) -> Trace:
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+
+    dec = Decoder(tiny_lm, "The sea", params, DecodeSettings(max_new_tokens=steps, seed=0))
+    dec.run(steps)
+    return dec.trace
+
+
+def _panels(view) -> list[str]:
+    """The titles above a stacked figure's panels."""
+    return [a.text for a in view.figure.layout.annotations]
+
+
+def test_gravity_off_draws_no_gravity_panel(tiny_lm):
+    from semviz.output.charts import STAGE_LABEL
+    from semviz.sampling import PruneParams
+
+    off = {v.name: v for v in report.views(_run(tiny_lm, PruneParams(top_k=8)))}
+    assert STAGE_LABEL["gravity"] not in _panels(off["distribution"])
+    assert _panels(off["distribution"]) == [STAGE_LABEL[s] for s in ("raw", "temperature", "final")]
+    assert "rank_shift" not in off
+    on = {v.name: v for v in report.views(_run(tiny_lm, PruneParams(top_k=8, gravity_lambda=1.0)))}
+    assert STAGE_LABEL["gravity"] in _panels(on["distribution"])
+
+
+def test_exported_charts_carry_the_title_that_names_the_step(tiny_lm, tmp_path):
+    from semviz.sampling import PruneParams
+
+    vs = report.views(_run(tiny_lm, PruneParams(top_k=8)), selected=1)
+    dist = next(v for v in vs if v.name == "distribution")
+    fig = dist.exported()
+    assert fig.layout.title.text == dist.title == "Step 1: the distribution at each stage"
+    assert fig.layout.height == dist.png_height == dist.height + report.TITLE_ROOM
+    assert fig.layout.margin.t == dist.figure.layout.margin.t + report.TITLE_ROOM
+    assert dist.figure.layout.title.text is None  # the app and the HTML page keep their own
+    # a chart over the run names the step its yellow band marks
+    ent = next(v for v in vs if v.name == "entropy")
+    assert ent.exported().layout.title.text == "Entropy and varentropy per step · selected step 1"
+    assert next(v for v in vs if v.name == "chain").exported().layout.title.text == (
+        "The sampling chain"
+    )
+    pngs, _ = report.export_pngs([dist], tmp_path, engine="kaleido")
+    assert_real_image(pngs[0], dist.width, dist.png_height)
+    band = np.asarray(Image.open(pngs[0]).convert("L"))[: report.TITLE_ROOM, :400]
+    assert (band < 128).mean() > 0.01  # the title's dark text in the band above the chart
+
+
+def test_text_preview_starts_at_the_prompts_beginning(tiny_lm):
+    from semviz.sampling import PruneParams
+
+    tr = _run(tiny_lm, PruneParams(top_k=8))
+    assert report.text_preview(tr) == tr.prompt_text + "⟨" + tr.text + "⟩"
+    assert tr.prompt_text.startswith(tr.prompt_tokens[0])
+    long = Trace(tr.settings, tr.model, "x", [1, 2], ["A" * 700, "Z" * 300])
+    cut = report.text_preview(long)
+    assert cut.startswith("A" * 360) and cut.endswith("Z" * 240 + "⟨⟩")
+    assert "\n[… 400 characters of the prompt left out …]\n" in cut
