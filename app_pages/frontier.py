@@ -30,7 +30,9 @@ st.caption(
     "Each curve is one setting with one knob swept (temperature by default). Every point "
     "continues a prompt set with several seeds; **coherence** is the cosine between the "
     "prompt's and the continuation's sentence embeddings from an outside judge "
-    "(all-MiniLM-L6-v2, never the LM being steered), **diversity** is word distinct-2. "
+    "(all-MiniLM-L6-v2, never the LM being steered). **Diversity** has five axes: within a "
+    "text (distinct-1, distinct-2) and between a prompt's seeds (the judge's dissimilarity, "
+    "1 − self-BLEU, distinct-2 pooled over the seeds); the verdict is given on each. "
     "Up and to the right is better. Bars are 95% bootstrap CIs over prompts. "
     "B dominates A only when the CI of its coherence gap at matched diversity excludes 0."
 )
@@ -49,20 +51,29 @@ def _summary(path: str, mtime: float, knob: str, labels: tuple, x: str) -> fr.Su
     return fr.summarize(ordered, x=x, n_boot=500)
 
 
+def _new_file() -> None:
+    """Another file holds other settings: the pick of settings starts again from all."""
+    st.session_state.pop("fr_settings", None)
+
+
 def _source() -> str | None:
+    shipped = [f"Shipped: {name}" for name in fr.SHIPPED_SWEEPS]
     if SHARED:
         st.caption(
-            "This server shows the shipped result. Run your own sweep with "
+            "This server shows the shipped results. Run your own sweep with "
             "`python -m semviz frontier` on your machine."
         )
-        return str(fr.SHIPPED)
-    choices = ["Shipped result (test half)", "A results file"]
-    pick = st.radio("Results", choices, horizontal=True, key="fr_source")
-    if pick == choices[0]:
-        return str(fr.SHIPPED)
+    choices = shipped if SHARED else [*shipped, "A results file"]
+    if st.session_state.get("fr_source") not in choices:  # a file this server does not offer
+        st.session_state.pop("fr_source", None)
+    pick = st.radio("Results (test half)", choices, key="fr_source", on_change=_new_file)
+    if pick in shipped:
+        return str(list(fr.SHIPPED_SWEEPS.values())[shipped.index(pick)])
     if "fr_path" not in st.session_state:
         st.session_state["fr_path"] = fr.DEFAULT_OUT
-    path = st.text_input("Parquet written by `python -m semviz frontier`", key="fr_path")
+    path = st.text_input(
+        "Parquet written by `python -m semviz frontier`", key="fr_path", on_change=_new_file
+    )
     return path.strip() or None
 
 
@@ -91,7 +102,13 @@ def _controls(df: pd.DataFrame) -> tuple[str, tuple, str] | None:
     knobs = list(dict.fromkeys(df["knob"]))
     c1, c3 = st.columns(2)
     knob = c1.selectbox("Knob", knobs, key="fr_knob")
-    x = c3.selectbox("Diversity axis", list(fr.X_AXES), format_func=fr.X_AXES.get, key="fr_x")
+    x = c3.selectbox(
+        "Diversity axis", [fr.AUTO, *fr.X_AXES], key="fr_x",
+        format_func=lambda a: "the best resolved (auto)" if a == fr.AUTO else fr.X_AXES[a],
+        help="Auto opens on the axis whose range the settings share spans the most widths of "
+        "a point's 95% CI: an axis that saturates, or on which the curves do not overlap, "
+        "cannot tell the settings apart.",
+    )  # fmt: skip
     labels = list(dict.fromkeys(df.loc[df["knob"] == knob, "setting"]))
     picked = st.multiselect(  # a row of its own: the settings' specs are long
         "Settings (the first is A, the reference)", labels, default=labels, key="fr_settings"
@@ -112,11 +129,18 @@ def _frontier(path: str, df: pd.DataFrame) -> None:
     except ValueError as exc:
         st.error(message(exc), icon="⚠️")
         return
+    if x == fr.AUTO:
+        st.caption(
+            f"Axis: **{fr.X_AXES[s.x]}**, the one this sweep resolves best: its shared range "
+            f"spans {s.resolution[s.x]:.1f} widths of a point's 95% CI (the table below gives "
+            "every axis's)."
+        )
     st.plotly_chart(fr.frontier_figure(s), key="fr_chart", config={"displaylogo": False})
     for d in s.dominance:
         (st.success if " dominates " in d.verdict and "neither" not in d.verdict else st.info)(
             d.verdict
         )
+    _every_axis(s)
     st.caption(f"{s.n_prompts} prompts · {len(df[df['knob'] == knob])} continuations in the file")
     cols = ["setting", "value", "coherence", "coherence_lo", "coherence_hi", "distinct_1",
             "distinct_2", "cross_sim", "repetition", "short", "ppl", "prompts"]  # fmt: skip
@@ -125,6 +149,40 @@ def _frontier(path: str, df: pd.DataFrame) -> None:
         hide_index=True, width="stretch",
     )  # fmt: skip
     _samples(df[df["knob"] == knob], s, knob)
+
+
+def _every_axis(s: fr.Summary) -> None:
+    """The verdict on every diversity axis: one sentence per compared setting, and a table."""
+    st.subheader("On every diversity axis")
+    for sentence in s.agreement:
+        st.markdown(sentence)
+    rows = [
+        {
+            "axis": fr.X_AXES[a],
+            "CI widths spanned": s.resolution.get(a),
+            "B": d.b,
+            "A": d.a,
+            "coherence B − A": d.gap,
+            "95% CI lo": d.lo,
+            "95% CI hi": d.hi,
+            "matched from": d.x_lo,
+            "matched to": d.x_hi,
+            "winner": {"a": d.a, "b": d.b, "neither": "neither", "none": "no common range"}[
+                d.winner
+            ],
+        }
+        for a, doms in s.by_axis.items()
+        for d in doms
+    ]
+    fmt = st.column_config.NumberColumn
+    st.dataframe(
+        pd.DataFrame(rows), hide_index=True, width="stretch",
+        column_config={
+            "CI widths spanned": fmt(format="%.1f"),
+            **{k: fmt(format="%+.3f") for k in ("coherence B − A", "95% CI lo", "95% CI hi")},
+            **{k: fmt(format="%.3f") for k in ("matched from", "matched to")},
+        },
+    )  # fmt: skip
 
 
 def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "KNOBS",
     "PROMPTS_PATH",
     "SHIPPED",
+    "SHIPPED_SWEEPS",
     "X_AXES",
     "AUTO",
     "Dominance",
@@ -89,7 +90,17 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS_PATH = ROOT / "data" / "prompts" / "prompts.jsonl"
-SHIPPED = ROOT / "data" / "frontier" / "frontier_test.parquet"
+# finished sweeps on the test half that the "Does it help?" page opens without a model run:
+# the default gravity's first (the page opens on it), then the seed's first gravity's
+SHIPPED_SWEEPS: dict[str, Path] = {
+    "the default gravity (contrast, λ 0.5) against top-p 0.95": (
+        ROOT / "data" / "frontier" / "frontier_contrast_test.parquet"
+    ),
+    "the first gravity (attention-weighted pull, λ 0.5 and 1) against top-p 0.95": (
+        ROOT / "data" / "frontier" / "frontier_test.parquet"
+    ),
+}
+SHIPPED = next(iter(SHIPPED_SWEEPS.values()))
 DEFAULT_OUT = "out/frontier.parquet"
 
 # the knobs a sweep can turn, with default values (ordered from conservative to free)

@@ -250,14 +250,17 @@ def test_shared_frontier_page_shows_the_shipped_result_only(monkeypatch, tiny_di
     other = tmp_path / "results.parquet"
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
     at.switch_page("app_pages/frontier.py").run()
-    at.session_state["fr_source"] = "A results file"  # as if a visitor had asked for a file
-    at.session_state["fr_path"] = str(other)
+    at.session_state["fr_path"] = str(other)  # as if a visitor had asked for a file
     at.run()
+    assert at.radio(key="fr_source").options == [
+        "Shipped: the default gravity (contrast, λ 0.5) against top-p 0.95",
+        "Shipped: the first gravity (attention-weighted pull, λ 0.5 and 1) against top-p 0.95",
+    ]  # no file of the visitor's choosing
     assert not at.exception and not at.error
     assert [w.key for w in at.text_input] == []  # no path to read or write, no sweep
     assert [b.key for b in at.button if b.key] == []
     assert len(at.get("plotly_chart")) == 1  # the shipped frontier
-    assert any(c.value.startswith("This server shows the shipped result.") for c in at.caption)
+    assert any(c.value.startswith("This server shows the shipped results.") for c in at.caption)
     assert not other.exists()
 
 

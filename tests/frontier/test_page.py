@@ -99,3 +99,42 @@ def test_a_bad_sweep_setting_is_one_message_and_starts_nothing(page):
     assert not page.exception
     assert not page.session_state["frontier_job"]["running"]
     assert any("top_pp" in e.value for e in page.error)
+
+
+def test_opens_on_the_default_gravitys_sweep_on_its_best_resolved_axis(page):
+    from semviz.frontier import sweep as fr
+
+    assert SHIPPED.name == "frontier_contrast_test.parquet"  # the default gravity's sweep
+    assert page.radio(key="fr_source").value == "Shipped: " + next(iter(fr.SHIPPED_SWEEPS))
+    assert page.selectbox(key="fr_x").value == fr.AUTO
+    s = fr.summarize(fr.load_results(SHIPPED), n_boot=500)
+    assert any(
+        c.value.startswith(f"Axis: **{fr.X_AXES[s.x]}**, the one this sweep resolves best")
+        for c in page.caption
+    )
+    # the verdict on every axis: one sentence, and one table row per axis
+    assert s.agreement[0] in [m.value for m in page.markdown]
+    table = page.dataframe[0].value
+    assert list(table["axis"]) == list(fr.X_AXES.values())
+    assert list(table["winner"]) == [
+        {"a": d.a, "b": d.b, "neither": "neither", "none": "no common range"}[d.winner]
+        for a in fr.X_AXES
+        for d in s.by_axis[a]
+    ]
+    assert table["coherence B − A"].tolist() == pytest.approx(
+        [d.gap for a in fr.X_AXES for d in s.by_axis[a]]
+    )
+
+
+def test_the_first_gravitys_sweep_and_one_chosen_axis(page):
+    from semviz.frontier import sweep as fr
+
+    first = "Shipped: " + list(fr.SHIPPED_SWEEPS)[1]
+    page.radio(key="fr_source").set_value(first).run()
+    page.selectbox(key="fr_x").set_value("dissimilarity").run()
+    assert not page.exception and not page.error
+    fig = _figure(page)
+    assert len(fig["data"]) == 3  # plain and the first gravity at λ 0.5 and 1
+    verdicts = [e.value for e in [*page.success, *page.info]]
+    assert verdicts and all("cross-seed similarity" in v for v in verdicts), verdicts
+    assert not any(c.value.startswith("Axis: **") for c in page.caption)
