@@ -191,8 +191,9 @@ if len(bs) > 1:
     st.session_state["branch_pick"] = cur
 
     def _label(i: int) -> str:
-        b = bs[i]
-        return f"{i} · {escape.markdown(b.note)} · {b.decoder.n_steps} tokens"
+        # no token count: the current branch's grows while a task decodes, and a label that
+        # changes under the widget between two reruns would not name the option it stood for
+        return f"{i} · {escape.markdown(bs[i].note)}"
 
     st.radio(
         "Branches", list(range(len(bs))), key="branch_pick", format_func=_label,
