@@ -120,12 +120,13 @@ class Ended:
     done: int
     total: int
     finished: bool
+    failed: bool = False  # an error ended it (e.g. a forward that could not allocate)
 
 
 def _end(**kw) -> None:
     run = job.get("run")
     if isinstance(run, KVEval):
-        job["run"] = Ended(run.done, run.total, run.finished)
+        job["run"] = Ended(run.done, run.total, run.finished, failed=bool(kw.get("error")))
     job.update(running=False, **kw)
 
 
@@ -184,6 +185,9 @@ def _status(run: KVEval | Ended) -> str:
                 else f" · about {secs / 60:.0f} min left"
             )
         return f"kv-eval: {run.label()} · {done} of {total} tokens{left}"
+    # not isinstance: each run of this page defines Ended again
+    if getattr(run, "failed", False) and not run.finished:
+        return f"kv-eval failed after {done} of {total} tokens: the rows score the tokens read."
     if job.get("stopped") and not run.finished:
         return f"kv-eval stopped after {done} of {total} tokens: the rows score the tokens read."
     return f"kv-eval: done, {total} tokens."

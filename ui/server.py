@@ -214,8 +214,11 @@ def apply_upload_limit() -> None:
     """Set Streamlit's own upload limit (``server.maxUploadSize``, which its upload endpoint
     reads on every request) to :func:`upload_limit_mb`: a larger file sent straight to the
     endpoint is refused before it is read into memory, not only by the page's uploader. A
-    server setting that cannot be read leaves it as it is (every page says why)."""
+    server setting that cannot be read leaves it as it is (every page says why). The running
+    server's upload store keeps at most that much of each session's files
+    (:func:`bound_session_uploads`)."""
     from streamlit import config as st_config
+    from streamlit import runtime
 
     try:
         mb = upload_limit_mb()
@@ -223,6 +226,42 @@ def apply_upload_limit() -> None:
         return
     if st_config.get_option("server.maxUploadSize") != mb:
         st_config.set_option("server.maxUploadSize", mb)
+    if runtime.exists():
+        bound_session_uploads(runtime.get_instance().uploaded_file_mgr)
+
+
+def bound_session_uploads(store: Any) -> None:
+    """Make Streamlit's upload store keep at most :func:`upload_limit_mb` of each session's
+    files: a new file pushes out the session's older ones.
+
+    The endpoint stores every file PUT to it under any new id until the session ends, and
+    checks only each file's size, so a visitor sending files under the limit could fill the
+    server's memory. The app's one uploader holds one file at a time, and replaces it by
+    uploading the new one first, so dropping the older files takes nothing a page reads.
+    """
+    add = store.add_file
+    if getattr(add, "bounded", False):
+        return
+    lock = getattr(store, "_lock", None) or contextlib.nullcontext()
+
+    def add_file(session_id: str, file: Any) -> None:
+        add(session_id, file)
+        try:
+            keep = upload_limit_mb() * files.MiB
+        except ConfigError:
+            keep = 0  # every page stops on the setting: keep the newest file only
+        with lock:
+            held = list(store.file_storage.get(session_id, {}).items())
+        total = sum(len(f.data) for _, f in held)
+        for file_id, f in held:  # oldest first
+            if total <= keep:
+                break
+            if file_id != file.file_id:
+                store.remove_file(session_id, file_id)
+                total -= len(f.data)
+
+    add_file.bounded = True
+    store.add_file = add_file
 
 
 def limit_settings(

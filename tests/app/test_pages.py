@@ -382,3 +382,40 @@ def test_kv_timeline_shows_one_layer_of_an_h2o_run(app):
     picker.set_value(n_layers - 1).run()
     assert not app.exception
     assert f"layer {n_layers - 1} holds 8 positions (budget 8)" in caption()[0]
+
+
+def test_a_kv_eval_that_fails_midway_does_not_say_done(app, monkeypatch):
+    """A forward that cannot allocate ends the evaluation with one sentence, and the progress
+    line says where it ended, not 'kv-eval: done' (the security pass's 2,000 budgets)."""
+    from semviz.eviction import KVEval
+
+    step = KVEval.step
+
+    def failing(self):
+        if self.ref.done and self.done >= 8:
+            raise RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory"
+            )
+        step(self)
+
+    monkeypatch.setattr(KVEval, "step", failing)
+    app.switch_page("app_pages/kv_cache.py").run()
+    app.number_input(key="kve_tokens").set_value(32)
+    app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
+    job = app.session_state["semviz"].kv_eval_job
+    for _ in range(100):
+        if not job["running"]:
+            break
+        app.run()
+    assert not app.exception
+    text = [p.proto.text for p in app.get("progress")]
+    assert not any("done" in t for t in text), text
+    run = job["run"]
+    assert 8 <= run.done < run.total == 32
+    assert text == [
+        f"kv-eval failed after {run.done} of 32 tokens: the rows score the tokens read."
+    ]
+    assert errors(app) == [
+        "Something went wrong in kv-eval: [enforce fail at alloc_cpu.cpp:117] "
+        "DefaultCPUAllocator: not enough memory"
+    ]

@@ -313,6 +313,37 @@ def test_streamlits_own_upload_limit_follows_the_servers(monkeypatch):
         st_config.set_option("server.maxUploadSize", before)
 
 
+def test_a_session_keeps_at_most_the_upload_limit_of_files_sent_to_the_endpoint(monkeypatch):
+    """Files PUT straight to the endpoint under new ids, each under the limit, no longer pile
+    up: a session keeps its newest files within the limit, other sessions' stay."""
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
+    from streamlit.runtime.uploaded_file_manager import UploadedFileRec
+
+    monkeypatch.setenv("SEMVIZ_SHARED", "1")
+    monkeypatch.setenv("SEMVIZ_MAX_UPLOAD_MB", "2")
+    store = MemoryUploadedFileManager("/_stcore/upload_file")
+    server.bound_session_uploads(store)
+    server.bound_session_uploads(store)  # once is enough: a page run does it again
+
+    def put(session: str, file_id: str, mib: float) -> None:
+        data = b" " * int(mib * 2**20)
+        store.add_file(session, UploadedFileRec(file_id, "t.json", "application/json", data))
+
+    put("other", "theirs", 1.5)
+    for i in range(20):
+        put("attacker", f"f{i}", 1.9)
+    assert [f.file_id for f in store.get_files("attacker", [f"f{i}" for i in range(20)])] == ["f19"]
+    put("attacker", "small", 0.05)  # two files within the limit both stay
+    assert len(store.get_files("attacker", ["f19", "small"])) == 2
+    put("attacker", "next", 1.9)  # the oldest goes first
+    assert store.file_storage["attacker"].keys() == {"small", "next"}
+    put("attacker", "next", 1.0)  # the same id again replaces its file
+    assert store.file_storage["attacker"].keys() == {"small", "next"}
+    assert store.file_storage["other"].keys() == {"theirs"}
+    held = sum(len(f.data) for s in store.file_storage.values() for f in s.values())
+    assert held == int(0.05 * 2**20) + 2**20 + int(1.5 * 2**20)
+
+
 def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
     f = tmp_path / "semviz.toml"
     f.write_text("# " + "x" * server.CONFIG_MAX_BYTES + "\nshared = true\n")
