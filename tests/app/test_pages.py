@@ -332,7 +332,8 @@ def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
         f"{a}: 6 of 6 tokens · {b}: 6 of 6 tokens · done · first divergence: "
     ), said
     # a side the model ended early (EOS) counts as finished, and says why it has fewer
-    assert list(app.dataframe[0].value.columns) == ["A", "B", "means"]  # a spec is too long a header
+    # a spec is too long a header
+    assert list(app.dataframe[0].value.columns) == ["A", "B", "means"]
     res.traces[1].steps = res.traces[1].steps[:4]
     res.traces[1].stop_reason = "eos"
     app.run()
