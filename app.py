@@ -50,6 +50,10 @@ st.set_page_config(page_title="semviz", page_icon=":material/travel_explore:", l
 # in the header, so the sidebar holds only the settings and its sliders are on the first screen
 page = st.navigation(nav.st_pages(), position="top")
 nav.start_run(st.session_state, page.url_path)
+# every page's charts: on a phone, Plotly's modebar would sit over the charts' titles
+st.html(
+    "<style>@media (max-width: 640px) {.js-plotly-plot .modebar-container {display: none;}}</style>"
+)
 # a job decodes in the background between the page's runs (ui.runner): hold the session's
 # lock while the page draws, so no step lands in the middle of a drawing
 try:

@@ -289,3 +289,26 @@ def test_presenter_fits_one_screen_and_steps_with_the_keys(browser, app_url, w, 
         assert seen_extra, "no step took a token from below the top 8 in this run"
     finally:
         ctx.close()
+
+
+MODEBARS = """
+() => [...document.querySelectorAll('.js-plotly-plot .modebar-container')]
+  .map(m => getComputedStyle(m).display)
+"""
+
+
+def test_on_a_phone_no_chart_toolbar_covers_a_title(run_page):
+    """At 390 px Plotly's modebar sat over the first subplot's title; it is hidden there, and a
+    tap still shows a point's hover label."""
+    page = run_page
+    _goto(page, "thermodynamics")
+    page.set_viewport_size({"width": 390, "height": 844})
+    _settle(page)
+    plot = page.locator(".js-plotly-plot").first
+    plot.scroll_into_view_if_needed()
+    plot.hover()
+    shown = page.evaluate(MODEBARS)
+    assert shown and set(shown) == {"none"}, shown
+    page.set_viewport_size({"width": 1440, "height": 900})
+    _settle(page)
+    assert "none" not in set(page.evaluate(MODEBARS))
