@@ -8,7 +8,8 @@ shifts, Thermodynamics' three charts, Pipeline's chain). Prints the median (targ
 and beside it, move by move, the same re-render of a record without every raw logit (replay
 then bounds each pick from the tail summary), as a ratio.
 
-    python benchmarks/bench_whatif.py [--model DIR] [--steps 128] [--moves 15] [--json]
+    python benchmarks/bench_whatif.py [--model DIR] [--steps 128] [--moves 15]
+                                      [--gravity-lambda 0.3] [--json]
 """
 
 from __future__ import annotations
@@ -60,11 +61,17 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="model name or folder (default: offline default)")
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--moves", type=int, default=15)
+    ap.add_argument(
+        "--gravity-lambda",
+        type=float,
+        default=0.3,
+        help="the run's gravity (default 0.3, full mode; 0: the app's default, off)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
     lm = semviz.load_model(a.model)
-    base = PruneParams(temperature=0.8, top_p=0.95, gravity_lambda=0.3)
+    base = PruneParams(temperature=0.8, top_p=0.95, gravity_lambda=a.gravity_lambda)
     dec = Decoder(
         lm,
         "Tell me a short story about a lighthouse keeper.",
