@@ -37,9 +37,15 @@ if page.need_trace(ctx):
             "context at that step (the prompt's last token at step 0, else the token before)."
         )
         labels = ctx.context_labels(rec.cache_positions.tolist())
+        rows = st.segmented_control(
+            "Rows", ["layers", "heads"], default="layers", key="att_rows",
+            format_func=lambda r: "a layer each (mean over the heads)" if r == "layers"
+            else "every head of every layer (model view)",
+        )  # fmt: skip
         fig = charts.attention_heatmap(
-            rec.attention.float().numpy(), labels, layers=layers, heads=heads, window=window
-        )
+            rec.attention.float().numpy(), labels, layers=layers, heads=heads, window=window,
+            per_head=rows == "heads",
+        )  # fmt: skip
         views.chart(fig, key="att_heatmap")
         att = rec.attention.float()  # (L, H, S)
         sink = float(att[..., 0].mean()) if int(rec.cache_positions[0]) == 0 else None

@@ -726,10 +726,13 @@ def attention_heatmap(
     heads: Sequence[int] | None = None,
     window: tuple[int, int] | None = None,
     max_cols: int = MAX_COLS,
+    per_head: bool = False,
 ) -> go.Figure:
     """Attention mass, layers × context tokens, for one step (mean over the chosen heads).
 
     Coloured by log10 of the mass (see the module docstring); the hover gives the mass.
+    ``per_head``: a row for every chosen (layer, head), not their mean over heads: the model
+    view, every head of every layer at once.
 
     Parameters
     ----------
@@ -742,7 +745,12 @@ def attention_heatmap(
     L = a.shape[0]
     lay = list(range(L)) if not layers else [int(i) for i in layers]
     hd = list(range(a.shape[1])) if not heads else [int(h) for h in heads]
-    m = a[lay][:, hd].mean(1)  # (L', S)
+    if per_head:
+        m = a[lay][:, hd].reshape(len(lay) * len(hd), -1)  # (L'·H', S)
+        rows = [f"L{la} H{h}" for la in lay for h in hd]
+    else:
+        m = a[lay][:, hd].mean(1)  # (L', S)
+        rows = [str(i) for i in lay]
     lab = list(labels)
     off = 0
     if window is not None:
@@ -757,18 +765,20 @@ def attention_heatmap(
         names = [f"position {off + i} {_show(t)}" for i, t in enumerate(lab)]
     text = [[f"{v:.4f}" for v in row] for row in m.tolist()]
     trace = _attention_trace(
-        m, xs, [str(i) for i in lay], text=text, customdata=[names] * len(lay),
-        hovertemplate="%{customdata}<br>layer %{y}<br>mass %{text}<extra></extra>",
+        m, xs, rows, text=text, customdata=[names] * len(rows),
+        hovertemplate="%{customdata}<br>"
+        + ("%{y}" if per_head else "layer %{y}") + "<br>mass %{text}<extra></extra>",
     )  # fmt: skip
     xaxis: dict = {"title": {"text": "context position"}}
     if len(xs) <= LABELLED_COLS and len(starts) == len(lab):
         xaxis.update(tickvals=xs, ticktext=[f"{x} {_show(t)}" for x, t in zip(xs, lab, strict=True)],
                      tickangle=-45 if len(xs) <= 32 else -90, tickfont={"size": 11})  # fmt: skip
-    layout = _base(None, max(320, 14 * len(lay) + 170))
-    layout.update(
-        xaxis=xaxis,
-        yaxis={"title": {"text": "layer"}, "autorange": "reversed", "type": "category"},
-    )
+    yaxis = {"title": {"text": "layer"}, "autorange": "reversed", "type": "category"}
+    if per_head:  # a tick at each layer's first head; the hover names every row
+        yaxis.update(title={"text": "layer, head"}, tickvals=rows[:: len(hd)],
+                     ticktext=[f"L{la}" for la in lay], tickfont={"size": 10})  # fmt: skip
+    layout = _base(None, max(320, (5 if per_head else 14) * len(rows) + 170))
+    layout.update(xaxis=xaxis, yaxis=yaxis)
     return _figure([trace], layout)
 
 

@@ -161,6 +161,25 @@ def test_attention_uses_one_log_scale_in_both_views(run):
     assert list(short.data[0].x) == [0, 1, 2, 3, 4]
 
 
+def test_the_model_view_has_a_row_for_every_head_of_every_layer(run):
+    lm, tr, wi, p = run
+    att = tr.steps[-1].attention.float().numpy()  # (L, H, S)
+    L, H, S = att.shape
+    labels = [str(i) for i in range(S)]
+    heat = validated(charts.attention_heatmap(att, labels, per_head=True)).data[0]
+    assert list(heat.y) == [f"L{la} H{h}" for la in range(L) for h in range(H)]
+    want = np.log10(np.maximum(att.reshape(L * H, S), charts.ATT_FLOOR))
+    np.testing.assert_allclose(np.array(heat.z, float), want, rtol=1e-5, atol=1e-6)
+    # chosen layers and heads: only their rows, in that order
+    sub = validated(charts.attention_heatmap(att, labels, layers=[1, 0], heads=[1], per_head=True))
+    assert list(sub.data[0].y) == ["L1 H1", "L0 H1"]
+    np.testing.assert_allclose(
+        np.array(sub.data[0].z, float)[0], np.log10(np.maximum(att[1, 1], charts.ATT_FLOOR)),
+        rtol=1e-5, atol=1e-6,
+    )  # fmt: skip
+    assert list(sub.layout.yaxis.ticktext) == ["L1", "L0"]
+
+
 def test_distribution_draws_a_chosen_token_below_the_top_and_marks_the_pruned():
     k = 40
     p = np.linspace(1.0, 0.1, k)
