@@ -211,20 +211,37 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 # -- a sweep from the page ------------------------------------------------------------------
 
 
-def _worker(lm, cfg: fr.SweepConfig, out: str, state: dict) -> None:
-    """Runs in a thread: only plain data goes back through ``state`` (no Streamlit calls)."""
+def _worker(
+    lm, cfg: fr.SweepConfig, out: str, state: dict, workers: int = 0, model: str = ""
+) -> None:
+    """Runs in a thread: only plain data goes back through ``state`` (no Streamlit calls).
+
+    With ``workers``, the sweep's batches go to that many Ray workers of a local Ray started
+    here (``semviz.frontier.executor``), each loading ``model`` (the sidebar's) once; the
+    page's model and its line are not used. Otherwise the sweep runs on the page's model, in its turns."""
 
     def progress(p, turn) -> None:
         state.update(progress=p)
-        turn.let_others()  # between two positions: other sessions go first
+        if turn is not None:
+            turn.let_others()  # between two positions: other sessions go first
 
+    stop = lambda: state.get("stop", False)  # noqa: E731
     try:
-        with server.model_turn() as turn:  # the sweep's forwards take their turns in line
-            res = fr.run_sweep(
-                lm, cfg, out, on_progress=lambda p: progress(p, turn),
-                should_stop=lambda: state.get("stop", False),
-            )  # fmt: skip
-        state.update(result=f"{res.new_rows} new rows, {res.skipped_rows} already there"
+        if workers:
+            from semviz.analysis.judge import load_judge
+            from semviz.frontier.executor import Executor, ModelSpec
+
+            spec = ModelSpec(model or None, threads=1)
+            task = fr.sweep_task(cfg, score=True, judge=load_judge())
+            with Executor(task, model=spec, workers=workers) as executor:
+                res = fr.run_sweep(None, cfg, out, on_progress=lambda p: progress(p, None),
+                                   should_stop=stop, executor=executor)  # fmt: skip
+        else:
+            with server.model_turn() as turn:  # the sweep's forwards take their turns in line
+                res = fr.run_sweep(lm, cfg, out, on_progress=lambda p: progress(p, turn),
+                                   should_stop=stop)  # fmt: skip
+        where = f" on {workers} Ray worker{'s' if workers > 1 else ''}" if workers else ""
+        state.update(result=f"{res.new_rows} new rows{where}, {res.skipped_rows} already there"
                      + (" · stopped" if res.stopped else ""))  # fmt: skip
     except Exception as exc:  # shown on the page; the rows written so far stay in the file
         state["error"] = report(exc, "the sweep")
@@ -251,8 +268,12 @@ def _start() -> None:
     except Exception as exc:
         job["error"] = report(exc, "the sweep")
         return
+    workers = int(ss.get("fr_workers", 0))
     job.update(running=True, out=out)
-    threading.Thread(target=_worker, args=(ctx.lm, cfg, out, job), daemon=True).start()
+    model = ctx.settings.model_name()
+    threading.Thread(
+        target=_worker, args=(ctx.lm, cfg, out, job, workers, model), daemon=True
+    ).start()
     ss["fr_source"], ss["fr_path"] = "A results file", out
 
 
@@ -273,7 +294,14 @@ def _sweep_form() -> None:
         c1.number_input("Prompts", 1, 24, 12, key="fr_n")
         c2.number_input("Seeds", 1, 8, 2, key="fr_seeds")
         c3.number_input("New tokens", 4, 256, 48, key="fr_tokens")
-        st.text_input("Write results to", fr.DEFAULT_OUT, key="fr_out")
+        c1, c2 = st.columns([3, 1])
+        c1.text_input("Write results to", fr.DEFAULT_OUT, key="fr_out")
+        c2.number_input(
+            "Ray workers", 0, 64, 0, key="fr_workers",
+            help="0 runs the sweep here, on the sidebar's model. N hands its batches to N "
+            "workers of a local Ray started for it, each loading the model once "
+            "(`python -m semviz frontier --workers N`).",
+        )  # fmt: skip
         b1, b2, _ = st.columns([1, 1, 4])
         b1.button("Run sweep", type="primary", on_click=_start, disabled=job["running"],
                   key="fr_run")  # fmt: skip

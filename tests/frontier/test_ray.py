@@ -115,3 +115,48 @@ def test_a_kv_eval_grid_on_ray_has_the_rows_of_one_run_here(peaked_lm, ray_pool)
             k: pytest.approx(v, rel=1e-6, abs=1e-6) if isinstance(v, float) else v
             for k, v in a.items()
         }
+
+
+def test_the_frontier_page_hands_its_sweep_to_ray_workers(peaked_dir, peaked_lm, tmp_path,
+                                                          monkeypatch):  # fmt: skip
+    """The page's sweep form with "Ray workers" 1: the batches run on a local Ray worker that
+    loads the sidebar's model, and the rows are the ones a sweep in this process makes."""
+    import time
+
+    pytest.importorskip("ray")
+    import ray
+    from streamlit.testing.v1 import AppTest
+
+    from tests.frontier.test_page import APP, PAGE
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(peaked_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page(PAGE).run()
+    out = tmp_path / "ray.parquet"
+    at.text_input(key="fr_a").set_value("min_p=0.1")
+    at.text_input(key="fr_b").set_value("top_p=0.9")
+    at.text_input(key="fr_values").set_value("0.7")
+    at.number_input(key="fr_n").set_value(2)
+    at.number_input(key="fr_seeds").set_value(1)
+    at.number_input(key="fr_tokens").set_value(4)
+    at.text_input(key="fr_out").set_value(str(out))
+    at.number_input(key="fr_workers").set_value(1)
+    at.button(key="fr_run").click().run()
+    job = at.session_state["frontier_job"]
+    deadline = time.monotonic() + 600
+    while job["running"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not job["running"] and not job.get("error"), job.get("error")
+    assert job["result"] == "4 new rows on 1 Ray worker, 0 already there"
+    assert not ray.is_initialized()  # the Ray the sweep started is shut down
+    cfg = SweepConfig(
+        settings=(parse_side("min_p=0.1"), parse_side("top_p=0.9")), values=(0.7,),
+        n_prompts=2, seeds=1, new_tokens=4, chat=True, split="dev",  # the form's defaults
+    )  # fmt: skip
+    here = run_sweep(peaked_lm, cfg, tmp_path / "here.parquet", score=False).frame
+    a, _ = _rows(here)
+    b, _ = _rows(load_results(out))
+    assert a.equals(b)
+    assert load_results(out)["coherence"].notna().all()  # judged, as the page's sweeps are
