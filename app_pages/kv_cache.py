@@ -1,11 +1,10 @@
 """KV cache: what the policy kept and evicted, cache bytes per step, quality vs budget.
 
-kv-eval runs in a fragment that advances the evaluation for about ``TICK_SECONDS`` per rerun,
-so the page shows progress and the time left, and its Stop answers within a tick and keeps
-the rows scored so far ("stopped after N of M tokens").
+kv-eval is a ``KVEvalTask`` in the page's task panel (``ui.work``): one batched forward a
+unit, so the page shows progress and the time left, and its Stop answers within a tick and
+keeps the rows scored so far ("stopped after N of M tokens").
 """
 
-import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -15,11 +14,10 @@ from semviz.decoding.decoder import encode_prompt
 from semviz.eviction import POLICIES, KVEval, parse_budgets, teacher_forced_ids
 from semviz.model.forward import kv_bytes_per_token
 from semviz.output import charts, style
-from ui import page, server
+from semviz.tasks import KVEvalTask
+from ui import page, server, work
 from ui.errors import report
 
-TICK_SECONDS = 0.4
-TICK_EVERY = 0.5
 COLUMNS = {  # row key → (column title, number format)
     "policy": ("policy", None),
     "budget": ("budget", None),
@@ -90,8 +88,8 @@ st.subheader("Quality vs budget (kv-eval)")
 
 
 def _start() -> None:
-    """The form's callback: build the evaluation; the fragment below runs it."""
-    job.update(error=None, stopped=False, running=False)
+    """The form's callback: build the evaluation; the task panel below runs it."""
+    job.update(error=None, stopped=False)
     try:
         pols = list(st.session_state["kve_policies"])
         if not pols:
@@ -107,15 +105,16 @@ def _start() -> None:
     except Exception as exc:  # one line above the results; the last result is kept
         job["error"] = report(exc, "kv-eval")
         return
-    job.update(run=run, running=True, elapsed=0.0)
     sess.kv_eval = None
+    job["run"] = None
+    work.start(sess, "kve", KVEvalTask(run), on_tick=_keep)
 
 
 @dataclass(frozen=True)
 class Ended:
     """What the progress line needs of a kv-eval that finished or stopped. The evaluation
     itself (the reference's log-probabilities over the whole text, every row's cache) is let
-    go: its rows are in ``sess.kv_eval``."""
+    go with its task: its rows are in ``sess.kv_eval``."""
 
     done: int
     total: int
@@ -123,15 +122,14 @@ class Ended:
     failed: bool = False  # an error ended it (e.g. a forward that could not allocate)
 
 
-def _end(**kw) -> None:
-    run = job.get("run")
-    if isinstance(run, KVEval):
-        job["run"] = Ended(run.done, run.total, run.finished, failed=bool(kw.get("error")))
-    job.update(running=False, **kw)
-
-
-def _stop() -> None:
-    _end(stopped=True)
+def _keep(task: KVEvalTask, error: str | None) -> None:
+    """After each advance: the rows so far; once it has ended, what its last line says."""
+    run = task.run
+    sess.kv_eval = run.rows()
+    job["running"] = not task.finished
+    if task.finished:
+        job["run"] = Ended(run.done, run.total, run.finished, failed=error is not None)
+        job["stopped"] = task.stopped and error is None
 
 
 if ctx.lm is None:
@@ -156,35 +154,16 @@ else:
         st.error(job["error"], icon="⚠️")
 
 
-def _tick() -> None:
-    """Advance the evaluation for about ``TICK_SECONDS``; keep its rows in the session."""
-    run = job["run"]
-    t0 = time.perf_counter()
-    with server.model_turn() as turn:
-        while not run.finished and time.perf_counter() - t0 < TICK_SECONDS:
-            reference = not run.ref.done
-            t1 = time.perf_counter()
-            run.step()
-            if not reference:  # the time left is estimated from the per-token forwards
-                job["elapsed"] += time.perf_counter() - t1
-            turn.let_others()  # between two forwards: other sessions go first
-    sess.kv_eval = run.rows()
-    if run.finished:
-        _end()
+def _status(task: KVEvalTask) -> str:
+    p = task.progress()
+    left = ""
+    if (secs := p.eta()) is not None:
+        left = f" · about {secs:.0f} s left" if secs < 120 else f" · about {secs / 60:.0f} min left"
+    return f"kv-eval: {p.phase} · {p.done} of {p.total} tokens{left}"
 
 
-def _status(run: KVEval | Ended) -> str:
+def _ended(run: Ended) -> str:
     done, total = run.done, run.total
-    if job.get("running", False):
-        left = ""
-        if done:
-            secs = job["elapsed"] / done * (total - done)
-            left = (
-                f" · about {secs:.0f} s left"
-                if secs < 120
-                else f" · about {secs / 60:.0f} min left"
-            )
-        return f"kv-eval: {run.label()} · {done} of {total} tokens{left}"
     # not isinstance: each run of this page defines Ended again
     if getattr(run, "failed", False) and not run.finished:
         return f"kv-eval failed after {done} of {total} tokens: the rows score the tokens read."
@@ -200,23 +179,10 @@ def _table(rows: list[dict]) -> pd.DataFrame:
     return df[list(COLUMNS)].rename(columns={k: v[0] for k, v in COLUMNS.items()})
 
 
-ticking = job.get("running", False)
-
-
-@st.fragment(run_every=TICK_EVERY if ticking else None)
 def results() -> None:
-    if job.get("running", False):
-        try:
-            _tick()
-        except Exception as exc:  # one line; the rows so far stay
-            _end(error=report(exc, "kv-eval"))
-    if ticking and not job.get("running", False):
-        st.rerun()  # done or stopped: redraw once, without the timer, the form enabled again
     run = job.get("run")
-    if run is not None:
-        st.progress(min(run.done / max(run.total, 1), 1.0), text=_status(run))
-        if job.get("running", False):
-            st.button("Stop", key="kve_stop", on_click=_stop)
+    if run is not None and not work.running(sess, "kve"):
+        st.progress(min(run.done / max(run.total, 1), 1.0), text=_ended(run))
     rows = sess.kv_eval
     if not rows:
         return
@@ -229,4 +195,4 @@ def results() -> None:
     st.dataframe(_table(rows), hide_index=True, width="stretch", column_config=config)
 
 
-results()
+work.panel(sess, "kve", results, status=_status)

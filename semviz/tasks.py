@@ -510,14 +510,20 @@ class KVEvalTask(Task):
     def __init__(self, run) -> None:
         super().__init__()
         self.run = run
+        self.token_seconds = 0.0  # the per-token forwards' time: the estimate's pace
 
     def unit(self, turns: Turns) -> bool:
         with turns.turn():
+            reference = not self.run.ref.done
+            t0 = time.perf_counter()
             self.run.step()
+            if not reference:  # the reference's one prefill is not a token's pace
+                self.token_seconds += time.perf_counter() - t0
         return not self.run.finished
 
     def progress(self) -> Progress:
-        return Progress(self.run.done, self.run.total, self.run.label(), seconds=self.seconds)
+        return Progress(self.run.done, self.run.total, self.run.label(),
+                        seconds=self.token_seconds)  # fmt: skip
 
     def result(self) -> list[dict]:
         return self.run.rows()

@@ -242,6 +242,7 @@ class SessionData:
     kv_eval: list[dict] | None = None  # kv-eval's rows
     kv_eval_job: dict = field(default_factory=lambda: {"running": False})
     compare_job: dict = field(default_factory=lambda: {"running": False})  # Compare, A/B tour
+    tasks: dict = field(default_factory=dict)  # ui.work: the pages' long work, by name
     report_files: dict = field(default_factory=dict)  # Report: the loaded trace, the bundle
     prefill_scan: tuple[list[int], list[float]] | None = None  # prompt lengths, seconds
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # ui.locks
