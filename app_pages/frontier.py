@@ -2,25 +2,23 @@
 
 Opens on the shipped result (``data/frontier/``), so the frontier shows at once. A results
 file written by ``python -m semviz frontier`` (or by a sweep started here) can be opened
-instead. A sweep started here runs in the background on the sidebar's model and writes its
-Parquet after every batch: Stop drops only the batch in flight, and starting the same sweep
-again resumes it.
+instead. A sweep started here is a ``FrontierTask`` in the task panel (``ui.work``), on the
+sidebar's model in its turns or on Ray workers, and writes its Parquet after every batch:
+Stop drops only the batch in flight, and starting the same sweep again resumes it.
 
 A shared server (``SEMVIZ_SHARED``) shows the shipped result only: a visitor types no path the
 server would read or write, and starts no sweep that would hold the model outside its queue.
 """
 
-import threading
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from semviz.frontier import sweep as fr
-from ui import page, server
+from semviz.tasks import FrontierTask
+from ui import page, server, work
 from ui.errors import message, report
-
-POLL_SECONDS = 1.0
 
 ctx = page.context("Does it help?", run=False)  # it reads results files, not the run
 SHARED = server.config().shared  # read after the sidebar, which stops on a bad configuration
@@ -211,49 +209,22 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 # -- a sweep from the page ------------------------------------------------------------------
 
 
-def _worker(
-    lm, cfg: fr.SweepConfig, out: str, state: dict, workers: int = 0, model: str = ""
-) -> None:
-    """Runs in a thread: only plain data goes back through ``state`` (no Streamlit calls).
-
-    With ``workers``, the sweep's batches go to that many Ray workers of a local Ray started
-    here (``semviz.frontier.executor``), each loading ``model`` (the sidebar's) once; the
-    page's model and its line are not used. Otherwise the sweep runs on the page's model, in its turns."""
-
-    def progress(p, turn) -> None:
-        state.update(progress=p)
-        if turn is not None:
-            turn.let_others()  # between two positions: other sessions go first
-
-    stop = lambda: state.get("stop", False)  # noqa: E731
-    try:
-        if workers:
-            from semviz.analysis.judge import load_judge
-            from semviz.frontier.executor import Executor, ModelSpec
-
-            spec = ModelSpec(model or None, threads=1)
-            task = fr.sweep_task(cfg, score=True, judge=load_judge())
-            with Executor(task, model=spec, workers=workers) as executor:
-                res = fr.run_sweep(None, cfg, out, on_progress=lambda p: progress(p, None),
-                                   should_stop=stop, executor=executor)  # fmt: skip
-        else:
-            with server.model_turn() as turn:  # the sweep's forwards take their turns in line
-                res = fr.run_sweep(lm, cfg, out, on_progress=lambda p: progress(p, turn),
-                                   should_stop=stop)  # fmt: skip
-        where = f" on {workers} Ray worker{'s' if workers > 1 else ''}" if workers else ""
-        state.update(result=f"{res.new_rows} new rows{where}, {res.skipped_rows} already there"
-                     + (" · stopped" if res.stopped else ""))  # fmt: skip
-    except Exception as exc:  # shown on the page; the rows written so far stay in the file
-        state["error"] = report(exc, "the sweep")
-    finally:
-        state["running"] = False
+def _keep(task: FrontierTask, error: str | None) -> None:
+    """After each look at the sweep: whether it runs, and once it has ended, what it made."""
+    job.update(running=not task.finished, error=error)
+    res = task.result()
+    if task.finished and res is not None:
+        w = task.workers
+        where = f" on {w} Ray worker{'s' if w > 1 else ''}" if w else ""
+        job["result"] = (f"{res.new_rows} new rows{where}, {res.skipped_rows} already there"
+                         + (" · stopped" if res.stopped else ""))  # fmt: skip
 
 
 def _start() -> None:
     from semviz.analysis.compare import parse_side
 
     ss = st.session_state
-    job.update(error=None, result=None, stop=False, progress=None)
+    job.update(error=None, result=None)
     try:
         if ctx.lm is None:
             raise ValueError("the model is not loaded")
@@ -268,21 +239,24 @@ def _start() -> None:
     except Exception as exc:
         job["error"] = report(exc, "the sweep")
         return
-    workers = int(ss.get("fr_workers", 0))
-    job.update(running=True, out=out)
-    model = ctx.settings.model_name()
-    threading.Thread(
-        target=_worker, args=(ctx.lm, cfg, out, job, workers, model), daemon=True
-    ).start()
+    task = FrontierTask(ctx.lm, cfg, out, workers=int(ss.get("fr_workers", 0)),
+                        model=ctx.settings.model_name())  # fmt: skip
+    job["out"] = out
+    # a sweep's one unit is the whole sweep: a thread of the task panel runs it
+    work.start(ctx.sess, "fr", task, on_tick=_keep, background=True)
     ss["fr_source"], ss["fr_path"] = "A results file", out
 
 
-def _stop() -> None:
-    job["stop"] = True
+def _finished() -> None:
+    if job.get("error"):
+        st.error(job["error"], icon="⚠️")
+    if job.get("result") and not job["running"]:
+        st.success(f"Sweep finished: {job['result']} in `{job['out']}`.")
 
 
 def _sweep_form() -> None:
-    with st.expander("Run a sweep on the sidebar's model", expanded=job["running"]):
+    said = job["running"] or bool(job.get("result") or job.get("error"))
+    with st.expander("Run a sweep on the sidebar's model", expanded=said):
         c1, c2, c3 = st.columns(3)
         c1.text_input("Setting A", "top_p=0.95", key="fr_a")
         c2.text_input("Setting B", "top_p=0.95,gravity_lambda=0.5", key="fr_b")
@@ -302,30 +276,9 @@ def _sweep_form() -> None:
             "workers of a local Ray started for it, each loading the model once "
             "(`python -m semviz frontier --workers N`).",
         )  # fmt: skip
-        b1, b2, _ = st.columns([1, 1, 4])
-        b1.button("Run sweep", type="primary", on_click=_start, disabled=job["running"],
+        st.button("Run sweep", type="primary", on_click=_start, disabled=job["running"],
                   key="fr_run")  # fmt: skip
-        b2.button("Stop", on_click=_stop, disabled=not job["running"], key="fr_stop")
-        _progress()
-
-
-@st.fragment(run_every=POLL_SECONDS if job["running"] else None)
-def _progress() -> None:
-    p = job.get("progress")
-    if job["running"]:
-        frac = p.fraction if p is not None else 0.0
-        where = p.point if p is not None else "loading the judge"
-        st.progress(
-            frac, text=f"{frac:.0%} · {where}" + (" · stopping…" if job.get("stop") else "")
-        )
-    if job.get("error"):
-        st.error(job["error"], icon="⚠️")
-    if job.get("result"):
-        st.success(f"Sweep finished: {job['result']} in `{job['out']}`.")
-    if not job["running"] and job.get("was_running"):
-        job["was_running"] = False
-        st.rerun()  # the whole page, so the chart reads the new rows
-    job["was_running"] = job["running"]
+        work.panel(ctx.sess, "fr", _finished)
 
 
 path = _source()

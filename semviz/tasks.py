@@ -595,40 +595,63 @@ class PrefillScanTask(Task):
 
 
 class FrontierTask(Task):
-    """A frontier sweep (``semviz.frontier.sweep.run_sweep``, in this process): one unit runs
-    the whole sweep in a turn at the model, letting others go first between two generated
-    positions, where it also polls the stop request. The result is the
-    :class:`~semviz.frontier.sweep.SweepResult`; the finished batches stay in the file."""
+    """A frontier sweep (``semviz.frontier.sweep.run_sweep``): one unit runs the whole sweep,
+    polling the stop request between two generated positions. In this process it runs in a
+    turn at the model, letting others go first there; with ``workers`` its batches go to that
+    many Ray workers of a local Ray started for it, each loading ``model`` once, and this
+    process's model is not used. The result is the :class:`~semviz.frontier.sweep.SweepResult`;
+    the finished batches stay in the file."""
 
     label = "Sweep"
 
-    def __init__(self, lm, cfg, out: str | Path, *, judge=None) -> None:
+    def __init__(self, lm, cfg, out: str | Path, *, judge=None, workers: int = 0,
+                 model: str | None = None) -> None:  # fmt: skip
         super().__init__()
         self.lm, self.cfg, self.out, self.judge = lm, cfg, out, judge
+        self.workers, self.model = int(workers), model
         self._progress = None
         self._result = None
+        self._t0: float | None = None
 
     def unit(self, turns: Turns) -> bool:
-        from semviz.frontier.sweep import run_sweep
+        from semviz.frontier.sweep import run_sweep, sweep_task
 
-        with turns.turn() as turn:
+        self._t0 = time.perf_counter()
+        stop = lambda: self.stopping  # noqa: E731
+        if self.workers:
+            from semviz.analysis.judge import load_judge
+            from semviz.frontier.executor import Executor, ModelSpec
 
-            def tick(p) -> None:
-                self._progress = p
-                turn.let_others()
+            judge = self.judge if self.judge is not None else load_judge()
+            spec = ModelSpec(self.model or None, threads=1)
+            task = sweep_task(self.cfg, score=True, judge=judge)
+            with Executor(task, model=spec, workers=self.workers) as ex:
+                self._result = run_sweep(None, self.cfg, self.out, executor=ex,
+                                         on_progress=self._tick, should_stop=stop)  # fmt: skip
+        else:
+            with turns.turn() as turn:
 
-            self._result = run_sweep(self.lm, self.cfg, self.out, judge=self.judge,
-                                     on_progress=tick, should_stop=lambda: self.stopping)  # fmt: skip
+                def tick(p) -> None:
+                    self._tick(p)
+                    turn.let_others()
+
+                self._result = run_sweep(self.lm, self.cfg, self.out, judge=self.judge,
+                                         on_progress=tick, should_stop=stop)  # fmt: skip
         if self._result.stopped:
             self.stopped = True
         return False
 
+    def _tick(self, p) -> None:
+        self._progress = p
+
     def progress(self) -> Progress:
         p = self._progress
+        spent = self.seconds if self._t0 is None or self.finished else (
+            time.perf_counter() - self._t0)  # fmt: skip
         if p is None:
-            return Progress(0, None, "loading the judge", unit="rows", seconds=self.seconds)
+            return Progress(0, None, "loading the judge", unit="rows", seconds=spent)
         return Progress(int(round(p.fraction * p.rows_total)), p.rows_total, p.point,
-                        unit="rows", seconds=self.seconds)  # fmt: skip
+                        unit="rows", seconds=spent)  # fmt: skip
 
     def result(self) -> Any:
         return self._result

@@ -5,6 +5,9 @@ How it runs, in a few rules:
 - A task advances only inside :func:`panel`'s fragment, in its own session's script thread,
   for ``TICK_SECONDS`` a rerun; every model call it makes waits for its turn in the model's
   line (``server.turns()``). Nothing else advances it, so it needs no lock.
+- A task whose one unit is long (a whole sweep) is started ``background``: one thread of
+  this module advances it to the end, and the panel only reads its progress. That thread is
+  the only one that changes the task; Stop asks it to end, and it ends at its next poll.
 - Stop asks the task to end after the unit in progress; it keeps what it made.
 - After each advance ``on_tick(task, error)`` copies what the page keeps (its result so far,
   its state); a task that has ended is then let go, with what it held (caches, a model's
@@ -18,6 +21,8 @@ its progress, Stop and results go.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +47,7 @@ class Slot:
     task: Task | None
     on_tick: Keep | None = None
     error: str | None = None
+    background: bool = False  # advanced to the end by a thread of its own (see ``start``)
 
     @property
     def running(self) -> bool:
@@ -57,30 +63,53 @@ def running(sess, name: str) -> bool:
     return s is not None and s.running
 
 
-def start(sess, name: str, task: Task, on_tick: Keep | None = None) -> None:
+def start(
+    sess, name: str, task: Task, on_tick: Keep | None = None, *, background: bool = False
+) -> None:
     """Make ``task`` the session's ``name`` task (a running one of that name is stopped
-    first, keeping its work); the panel advances it from its next rerun."""
+    first, keeping its work); the panel advances it from its next rerun, or with
+    ``background`` a thread advances it to the end."""
     if running(sess, name):
         stop(sess, name)
-    sess.tasks[name] = s = Slot(task, on_tick)
+    sess.tasks[name] = s = Slot(task, on_tick, background=background)
     _kept(s)
+    if background:
+        turns = server.turns()  # the session's place in the line, taken in its own thread
+        threading.Thread(target=_to_the_end, args=(s, task, turns), daemon=True).start()
+
+
+def _to_the_end(s: Slot, task: Task, turns) -> None:
+    try:
+        task.advance(math.inf, turns)
+    except Exception as exc:  # one sentence on the page; what the task made stays
+        s.error = report(exc, task.label)
+        task.stopped = True
+    finally:
+        task.finished = True
 
 
 def stop(sess, name: str) -> None:
-    """Stop the session's ``name`` task now: it ends without another unit and keeps its work."""
+    """Stop the session's ``name`` task: it ends without another unit and keeps its work (a
+    background task at its next poll of the stop request)."""
     s = slot(sess, name)
     if s is None or not s.running:
         return
     s.task.stop()
+    if s.background:
+        return
     s.task.advance(0.0, server.turns())  # a stopped task ends before any unit
     _kept(s)
 
 
 def _kept(s: Slot) -> None:
     """The page copies what it keeps; an ended task is let go."""
-    if s.on_tick is not None and s.task is not None:
-        s.on_tick(s.task, s.error)
-    if s.task is not None and s.task.finished:
+    task = s.task
+    if task is None:
+        return
+    done = task.finished  # read first: a background task may end while the page copies
+    if s.on_tick is not None:
+        s.on_tick(task, s.error)
+    if done:
         s.task = None
 
 
@@ -119,7 +148,9 @@ def panel(
     @st.fragment(run_every=TICK_EVERY if ticking else None)
     def _panel() -> None:
         s = slot(sess, name)
-        if s is not None and s.running:
+        if s is not None and s.task is not None and s.background:
+            _kept(s)  # its thread advances it: copy what it made so far
+        elif s is not None and s.running:
             _advance(s)
         if ticking and not running(sess, name):
             st.rerun()  # ended or stopped: redraw once, without the timer

@@ -104,7 +104,7 @@ def test_every_forward_from_every_page_takes_a_turn(app):
 
 
 def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
-    """The sweep runs in the page's thread: its forwards wait in line like every other."""
+    """The sweep runs in the task panel's thread: its forwards wait in line like every other."""
     import time
 
     from ui.model import get_model
@@ -122,6 +122,7 @@ def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
         deadline = time.monotonic() + 300
         while job["running"] and time.monotonic() < deadline:
             time.sleep(0.2)
+            app.run()  # the task panel's tick: it reads the sweep's progress into the page
     assert not job["running"] and not job.get("error"), job.get("error")
     assert inside[0] >= 4  # the prompt and the new tokens of each setting
     assert outside == [], "\n\n".join(outside)

@@ -155,7 +155,9 @@ def test_shared_mode_a_link_cannot_load_another_model(browser, shared_url, tiny_
 def test_shared_mode_takes_traces_by_upload_only(browser, shared_url, real_lm, tmp_path):
     from semviz import Decoder, DecodeSettings, PruneParams
 
-    dec = Decoder(real_lm, "Hello.", PruneParams(), DecodeSettings(seed=1, max_new_tokens=3))
+    # without the full logits and the lens: a 3-step trace under the 1 MB upload limit
+    settings = DecodeSettings(seed=1, max_new_tokens=3, full_logits=False, lens=False)
+    dec = Decoder(real_lm, "Hello.", PruneParams(), settings)
     dec.run(3)
     small = tmp_path / "small.json"
     dec.trace.save(small)

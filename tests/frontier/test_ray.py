@@ -148,6 +148,7 @@ def test_the_frontier_page_hands_its_sweep_to_ray_workers(peaked_dir, peaked_lm,
     deadline = time.monotonic() + 600
     while job["running"] and time.monotonic() < deadline:
         time.sleep(0.5)
+        at.run()  # the task panel's tick: it reads the sweep's progress into the page
     assert not job["running"] and not job.get("error"), job.get("error")
     assert job["result"] == "4 new rows on 1 Ray worker, 0 already there"
     assert not ray.is_initialized()  # the Ray the sweep started is shut down
