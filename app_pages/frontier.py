@@ -211,7 +211,7 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 
 def _keep(task: FrontierTask, error: str | None) -> None:
     """After each look at the sweep: whether it runs, and once it has ended, what it made."""
-    job.update(running=not task.finished, error=error)
+    job["running"] = not task.finished  # an error that ended it is shown by the task panel
     res = task.result()
     if task.finished and res is not None:
         w = task.workers

@@ -154,14 +154,6 @@ else:
         st.error(job["error"], icon="⚠️")
 
 
-def _status(task: KVEvalTask) -> str:
-    p = task.progress()
-    left = ""
-    if (secs := p.eta()) is not None:
-        left = f" · about {secs:.0f} s left" if secs < 120 else f" · about {secs / 60:.0f} min left"
-    return f"kv-eval: {p.phase} · {p.done} of {p.total} tokens{left}"
-
-
 def _ended(run: Ended) -> str:
     done, total = run.done, run.total
     # not isinstance: each run of this page defines Ended again
@@ -195,4 +187,4 @@ def results() -> None:
     st.dataframe(_table(rows), hide_index=True, width="stretch", column_config=config)
 
 
-work.panel(sess, "kve", results, status=_status)
+work.panel(sess, "kve", results)  # "kv-eval: <rows> · N of M tokens · about … left"

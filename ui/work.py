@@ -132,17 +132,10 @@ def _progress_text(s: Slot) -> str:
     return f"{s.task.label}: {p.phase} · {done}{left}"
 
 
-def panel(
-    sess,
-    name: str,
-    draw: Callable[[], None],
-    *,
-    status: Callable[[Task], str] | None = None,
-) -> None:
-    """The task's progress, estimate and Stop while it runs, then ``draw()`` (the page's view
-    of what it kept), in one fragment that reruns itself while the task runs; when the task
-    ends, the whole page reruns once, so its forms are enabled again. ``status`` words the
-    progress line (default: the task's phase, how far, the time left)."""
+def panel(sess, name: str, draw: Callable[[], None]) -> None:
+    """The task's progress (its phase, how far, the time left) and Stop while it runs, then
+    ``draw()`` (the page's view of what it kept), in one fragment that reruns itself while the
+    task runs; when the task ends, the whole page reruns once, so its forms are enabled again."""
     ticking = running(sess, name)
 
     @st.fragment(run_every=TICK_EVERY if ticking else None)
@@ -155,8 +148,7 @@ def panel(
         if ticking and not running(sess, name):
             st.rerun()  # ended or stopped: redraw once, without the timer
         if s is not None and s.running:
-            text = status(s.task) if status is not None else _progress_text(s)
-            st.progress(s.task.progress().fraction, text=text)
+            st.progress(s.task.progress().fraction, text=_progress_text(s))
             st.button("Stop", key=f"{name}_stop", on_click=stop, args=(sess, name))
         if s is not None and s.error:
             st.error(s.error, icon="⚠️")

@@ -105,24 +105,13 @@ def test_every_forward_from_every_page_takes_a_turn(app):
 
 def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
     """The sweep runs in the task panel's thread: its forwards wait in line like every other."""
-    import time
-
+    from tests.frontier.test_page import run_page_sweep
     from ui.model import get_model
 
     lm = get_model(app.session_state["settings"].model_name())
     with _turns(lm) as (inside, outside):
         app.switch_page("app_pages/frontier.py").run()
-        app.text_input(key="fr_values").set_value("0.7")
-        app.number_input(key="fr_n").set_value(1)
-        app.number_input(key="fr_seeds").set_value(1)
-        app.number_input(key="fr_tokens").set_value(4)
-        app.text_input(key="fr_out").set_value(str(tmp_path / "sweep.parquet"))
-        app.button(key="fr_run").click().run()
-        job = app.session_state["frontier_job"]
-        deadline = time.monotonic() + 300
-        while job["running"] and time.monotonic() < deadline:
-            time.sleep(0.2)
-            app.run()  # the task panel's tick: it reads the sweep's progress into the page
-    assert not job["running"] and not job.get("error"), job.get("error")
+        run_page_sweep(app, tmp_path / "sweep.parquet", values="0.7", n=1, seeds=1, tokens=4,
+                       seconds=300)  # fmt: skip
     assert inside[0] >= 4  # the prompt and the new tokens of each setting
     assert outside == [], "\n\n".join(outside)

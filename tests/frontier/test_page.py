@@ -29,6 +29,26 @@ def page(tiny_dir, monkeypatch):
     return at
 
 
+def run_page_sweep(at, out, *, seconds: float = 600, **fields) -> dict:
+    """Fill the page's sweep form (``fields``: widget key without ``fr_`` → value), press
+    Run sweep, and run the page (the task panel's ticks) until the sweep has ended; returns
+    the page's record of it."""
+    import time
+
+    for key, value in {**fields, "out": str(out)}.items():
+        w = at.text_input(key=f"fr_{key}") if isinstance(value, str) else at.number_input(
+            key=f"fr_{key}")  # fmt: skip
+        w.set_value(value)
+    at.button(key="fr_run").click().run()
+    job = at.session_state["frontier_job"]
+    deadline = time.monotonic() + seconds
+    while job["running"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+        at.run()  # the task panel's tick: it reads the sweep's progress into the page
+    assert not job["running"] and not job.get("error"), job.get("error")
+    return job
+
+
 def _values(v) -> list:
     """A Plotly array from the figure JSON (plotly 6 sends numbers as base64 typed arrays)."""
     if isinstance(v, dict) and "bdata" in v:

@@ -121,13 +121,11 @@ def test_the_frontier_page_hands_its_sweep_to_ray_workers(peaked_dir, peaked_lm,
                                                           monkeypatch):  # fmt: skip
     """The page's sweep form with "Ray workers" 1: the batches run on a local Ray worker that
     loads the sidebar's model, and the rows are the ones a sweep in this process makes."""
-    import time
-
     pytest.importorskip("ray")
     import ray
     from streamlit.testing.v1 import AppTest
 
-    from tests.frontier.test_page import APP, PAGE
+    from tests.frontier.test_page import APP, PAGE, run_page_sweep
 
     monkeypatch.setenv("SEMVIZ_MODEL", str(peaked_dir))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -135,21 +133,8 @@ def test_the_frontier_page_hands_its_sweep_to_ray_workers(peaked_dir, peaked_lm,
     at.run()
     at.switch_page(PAGE).run()
     out = tmp_path / "ray.parquet"
-    at.text_input(key="fr_a").set_value("min_p=0.1")
-    at.text_input(key="fr_b").set_value("top_p=0.9")
-    at.text_input(key="fr_values").set_value("0.7")
-    at.number_input(key="fr_n").set_value(2)
-    at.number_input(key="fr_seeds").set_value(1)
-    at.number_input(key="fr_tokens").set_value(4)
-    at.text_input(key="fr_out").set_value(str(out))
-    at.number_input(key="fr_workers").set_value(1)
-    at.button(key="fr_run").click().run()
-    job = at.session_state["frontier_job"]
-    deadline = time.monotonic() + 600
-    while job["running"] and time.monotonic() < deadline:
-        time.sleep(0.5)
-        at.run()  # the task panel's tick: it reads the sweep's progress into the page
-    assert not job["running"] and not job.get("error"), job.get("error")
+    job = run_page_sweep(at, out, a="min_p=0.1", b="top_p=0.9", values="0.7", n=2, seeds=1,
+                         tokens=4, workers=1)  # fmt: skip
     assert job["result"] == "4 new rows on 1 Ray worker, 0 already there"
     assert not ray.is_initialized()  # the Ray the sweep started is shut down
     cfg = SweepConfig(
