@@ -6,7 +6,7 @@ import streamlit as st
 
 from semviz.output import charts, escape, style
 from semviz.output.style import display_token
-from ui import page, runner, views
+from ui import clicks, page, runner, views
 from ui.errors import report
 
 ctx = page.context("Generate", header=False)
@@ -23,7 +23,7 @@ st.text_area(
 )
 
 
-def _act(kind: str) -> None:
+def _act(kind: str, n: int = 1) -> None:
     """Button callbacks: they run before the page is drawn, so no rerun is needed.
 
     They read the settings afresh: a prompt typed just before the click arrives with it."""
@@ -32,9 +32,11 @@ def _act(kind: str) -> None:
     try:
         if kind == "reset":
             runner.reset(sess, s)
-        elif kind == "step":
-            if runner.needs_build(sess, s):
-                runner.start(sess, s, "run", 1)  # the prefill shows its spinner
+        elif kind == "step":  # n clicks
+            if runner.add_step(sess, n):  # clicked while a Step job runs: queued on it
+                pass
+            elif runner.needs_build(sess, s) or n > 1:
+                runner.start(sess, s, "step", n)  # a prefill shows its spinner
             else:
                 runner.step(sess, s, 1)
         elif kind == "run":
@@ -47,9 +49,19 @@ def _act(kind: str) -> None:
 
 # a horizontal container wraps on a narrow screen instead of stacking one button per row
 bar = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
-bar.button(
-    "Step", key="btn_step", type="primary", disabled=job is not None, on_click=_act,
-    args=("step",), help="Decode one token with the current sliders.",
+
+
+def _steps(total: int) -> None:
+    """Step's clicks, counted in the browser: act on those not acted on yet, in one go."""
+    n, sess.step_clicks = total - sess.step_clicks, max(sess.step_clicks, total)
+    if n > 0:
+        _act("step", n)
+
+
+clicks.counted_button(
+    "Step", key="btn_step", acted=sess.step_clicks, on_clicks=_steps, where=bar,
+    disabled=job is not None and job.kind != "step",  # Steps during a Step job queue on it
+    help="Decode one token with the current sliders.",
 )  # fmt: skip
 bar.button(
     f"Run {settings.run_n}", key="btn_run", disabled=job is not None, on_click=_act,

@@ -416,7 +416,7 @@ class Job:
     """Decoder work that takes longer than a click: re-feed ``forced`` tokens, then sample
     ``sample`` more (None: until stopped or done)."""
 
-    kind: str  # run, play, regenerate, branch, reproduce, continue
+    kind: str  # step, run, play, regenerate, branch, reproduce, continue
     label: str
     forced: list[int] = field(default_factory=list)
     recorded: int = 0  # how many of ``forced`` are recorded tokens (decoded with ``params``)
@@ -428,6 +428,7 @@ class Job:
     sampled: int = 0
     seconds: float = 0.0  # decode time so far, for the estimate
     total: int | None = None
+    target: int | None = None  # the run's length once the job is done (None: open-ended)
     started: float = field(default_factory=time.perf_counter)
     # background decoding between ticks: the latest tick's settings and time, its thread,
     # and the error that ended it (raised by the next tick)
@@ -468,7 +469,20 @@ def job(sess: SessionData) -> Job | None:
 
 
 def _start(sess: SessionData, j: Job) -> None:
+    if j.total is not None:  # a fresh decoder starts at step 0; a fork at its own length
+        j.target = j.total + (0 if j.build or sess.decoder is None else sess.decoder.n_steps)
     sess.job = j
+
+
+def add_step(sess: SessionData, n: int = 1) -> bool:
+    """``n`` more tokens for a running Step job (True), so Steps clicked while the first
+    click's prefill runs are queued, not lost; False when no Step job runs."""
+    with exclusive(sess):
+        j = job(sess)
+        if j is None or j.kind != "step" or j.total is None:
+            return False
+        j.sample, j.total, j.target = j.sample + n, j.total + n, (j.target or 0) + n
+        return True
 
 
 def _stop_job(sess: SessionData) -> Job | None:
@@ -477,7 +491,8 @@ def _stop_job(sess: SessionData) -> Job | None:
 
 
 def start(sess: SessionData, settings: Settings, kind: str, n: int | None) -> None:
-    """Start Run ``n`` / Play (``n`` None) / reproduce ``n`` steps of a link, as a job.
+    """Start Step (``n`` 1: a first Step, whose prefill is a job) / Run ``n`` / Play (``n``
+    None) / reproduce ``n`` steps of a link, as a job.
 
     Builds the decoder first when needed (its prefill is the job's first tick), and re-feeds
     an example's recorded tokens before sampling new ones.
@@ -491,7 +506,10 @@ def start(sess: SessionData, settings: Settings, kind: str, n: int | None) -> No
             raise ValueError(
                 f"The run has stopped ({sess.decoder.stop_reason}): press Reset to start over."
             )
-        labels = {"run": f"Run {n}", "play": "Playing", "reproduce": "Reproducing the linked run"}
+        labels = {
+            "step": "Step", "run": f"Run {n}", "play": "Playing",
+            "reproduce": "Reproducing the linked run",
+        }  # fmt: skip
         label = labels.get(kind, kind)
         if forced:
             label = f"Continuing the example ({len(forced)} recorded tokens first)"
@@ -540,21 +558,19 @@ def tick(
         if j.build:
             wrap = status(prefill_message(settings)) if status else contextlib.nullcontext()
             t0 = time.perf_counter()
+            built: list[Decoder] = []
             try:
                 with wrap:
-                    dec = build_decoder(settings, j.params)
-            except BaseException:
+                    built.append(build_decoder(settings, j.params))
+            except Exception:  # a user error (empty prompt, unknown model): the job ends
                 _stop_job(sess)
                 raise
+            finally:
+                # a rerun (a click) can end the script at the spinner: the job goes on, with
+                # the decoder if it was built, else the next tick builds it
+                if built:
+                    _install(sess, j, built[0], settings)
             j.seconds += time.perf_counter() - t0
-            j.build = False
-            if j.kind in ("branch", "regenerate"):  # the fresh decoder replaces the placeholder
-                bs = branches(sess)
-                bs[current_branch(sess)].decoder = dec
-                sess.decoder = dec
-            else:
-                _set_root(sess, dec, settings.run_key())
-                sess.job = j
             seconds = max(0.0, seconds - (time.perf_counter() - t0))  # and the first token
         if _advance(sess, settings, j, seconds):
             return True
@@ -564,6 +580,18 @@ def tick(
         )
         j.worker.start()
     return False
+
+
+def _install(sess: SessionData, j: Job, dec: Decoder, settings: Settings) -> None:
+    """The decoder a job has built becomes the run (or, for a branch, the branch's)."""
+    j.build = False
+    if j.kind in ("branch", "regenerate"):  # the fresh decoder replaces the placeholder
+        bs = branches(sess)
+        bs[current_branch(sess)].decoder = dec
+        sess.decoder = dec
+    else:
+        _set_root(sess, dec, settings.run_key())
+        sess.job = j
 
 
 def background_jobs() -> int:
@@ -630,7 +658,7 @@ def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> b
         return False
     _stop_job(sess)
     sess.selected = j.select if j.select is not None and j.select < dec.n_steps else None
-    if dec.done and j.kind not in ("play", "run"):
+    if dec.done and j.kind not in ("step", "play", "run"):
         sess.notice = f"{j.label}: done ({dec.n_steps} steps, stopped: {dec.stop_reason})."
     return True
 

@@ -236,6 +236,7 @@ class SessionData:
     notice: str | None = None  # shown once
     link: Link = field(default_factory=Link)
     rerun_app: bool = False  # a click inside the token strip: the whole page follows it
+    step_clicks: int = 0  # Step clicks acted on (ui.clicks counts them in the browser)
     replay_memo: dict = field(default_factory=dict)  # semviz.analysis.replay.cached's store
     strip_cards: dict[int, dict] = field(default_factory=dict)  # hover cards by step
     # the pages' own work

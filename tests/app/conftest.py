@@ -52,3 +52,43 @@ def link_notes(at) -> list[str]:
     from ui.controls import LINK_ICON
 
     return [w.value for w in at.main.warning if w.icon == LINK_ICON]
+
+
+def click_step(at, times: int = 1):
+    """Click Generate's Step ``times`` times at once, and return ``at`` to ``.run()``.
+
+    Step is a ``ui.clicks`` counted button (a custom component, which AppTest draws as an
+    unknown element): this puts a widget in its place that sends the count of clicks the
+    browser would send next, the clicks acted on so far plus ``times``."""
+    import json
+
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+    from streamlit.testing.v1.element_tree import Block, UnknownElement, Widget
+
+    class Clicks(Widget):
+        def __init__(self, el, total: int) -> None:
+            self.proto, self.root, self.key, self.type = el.proto, el.root, el.key, el.type
+            self.id, self.disabled, self._value = el.proto.id, False, total
+
+        @property
+        def value(self) -> int:
+            return self._value
+
+        @property
+        def _widget_state(self) -> WidgetState:
+            return WidgetState(id=self.id, json_value=json.dumps({"clicks": self._value}))
+
+    def swap(block) -> bool:
+        for i, node in block.children.items():
+            if isinstance(node, UnknownElement) and node.key == "btn_step":
+                data = json.loads(node.proto.json or "{}")
+                if data.get("disabled"):
+                    raise AssertionError("Step is disabled: a browser user cannot click it")
+                block.children[i] = Clicks(node, int(data["count"]) + times)
+                return True
+            if isinstance(node, Block) and swap(node):
+                return True
+        return False
+
+    assert swap(at._tree), "no Step button on this page"
+    return at

@@ -14,7 +14,7 @@ from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.output.style import display_token
 from semviz.output.trace import Trace
-from tests.app.conftest import APP, GENERATE, TIMEOUT, run_steps
+from tests.app.conftest import APP, GENERATE, TIMEOUT, click_step, run_steps
 from ui import examples, runner
 
 
@@ -178,7 +178,7 @@ def test_stop_keeps_what_was_made_and_says_stopped(app):
     assert f"Run 400: stopped after {kept} tokens; they are kept." in [i.value for i in at.info]
     time.sleep(0.5)
     assert sess(at).decoder.n_steps == kept  # stopped means stopped: nothing decodes on
-    at.button(key="btn_step").click().run()  # the page is usable
+    click_step(at).run()  # the page is usable
     assert sess(at).decoder.n_steps == kept + 1
 
 
@@ -197,7 +197,7 @@ def test_a_rerun_inside_a_step_leaves_the_run_consistent(app, tiny_lm, monkeypat
     """Streamlit stops a script at its next yield point; here that lands inside a step."""
     at = app
     for _ in range(3):
-        at.button(key="btn_step").click().run()
+        click_step(at).run()
     orig = getattr(Decoder, where)
     calls = {"n": 0}
 
@@ -209,14 +209,14 @@ def test_a_rerun_inside_a_step_leaves_the_run_consistent(app, tiny_lm, monkeypat
         return out
 
     monkeypatch.setattr(Decoder, where, interrupted)
-    at.button(key="btn_step").click().run()  # this step is interrupted halfway
+    click_step(at).run()  # this step is interrupted halfway
     assert calls["n"] >= 1
     at.run()  # the next rerun draws the page again
     assert not at.exception and not errors(at)
     n = sess(at).decoder.n_steps
     assert n in (3, 4)  # the interrupted step left nothing behind (a rerun may redo it)
     for _ in range(6 - n):
-        at.button(key="btn_step").click().run()
+        click_step(at).run()
     assert not at.exception and not errors(at)
     ref = reference_tokens(tiny_lm, at.session_state["settings"], 6)
     assert sess(at).decoder.trace.token_ids == ref
@@ -227,7 +227,7 @@ def test_a_click_during_a_step_waits_for_it(app, monkeypatch):
     import threading
 
     at = app
-    at.button(key="btn_step").click().run()
+    click_step(at).run()
     s = sess(at)
     settings = at.session_state["settings"]
     entered, release = threading.Event(), threading.Event()
@@ -351,7 +351,7 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
 def test_step_then_run_follows_the_new_tokens(app):
     """The first step alone is the latest step, not a selection: the tokens that follow it
     are shown as they come, as after any other step."""
-    app.button(key="btn_step").click().run()
+    click_step(app).run()
     finish_job(app)
     assert sess(app).decoder.n_steps == 1 and sess(app).selected is None
     app.session_state["s_run_n"] = 3

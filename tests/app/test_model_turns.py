@@ -12,7 +12,7 @@ import contextlib
 import traceback
 
 from semviz.model.queue import QUEUE
-from tests.app.conftest import GENERATE, run_steps
+from tests.app.conftest import GENERATE, click_step, run_steps
 
 
 @contextlib.contextmanager
@@ -54,7 +54,7 @@ def test_every_forward_from_every_page_takes_a_turn(app):
 
     lm = get_model(app.session_state["settings"].model_name())
     with _turns(lm) as (inside, outside):
-        app.button(key="btn_step").click().run()  # the prefill and the first token
+        click_step(app).run()  # the prefill and the first token
         _until_idle(app)
         run_steps(app, 6)
         app.button(key="btn_play").click().run()

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.app.conftest import run_steps
+from tests.app.conftest import click_step, run_steps
 
 PAGES = [
     "app_pages/generate.py",
@@ -55,9 +55,9 @@ def test_page_renders_with_a_run(generated, page):
 
 
 def test_step_adds_one_token(app):
-    app.button(key="btn_step").click().run()
+    click_step(app).run()
     assert n_steps(app) == 1
-    app.button(key="btn_step").click().run()
+    click_step(app).run()
     assert n_steps(app) == 2
     assert not app.exception
 
@@ -171,7 +171,7 @@ def test_empty_prompt(generated):
     at = generated
     at.session_state["s_prompt"] = "   "
     at.run()
-    at.button(key="btn_step").click().run()
+    click_step(at).run()
     assert not at.exception
     assert any("prompt is empty" in e for e in errors(at)), errors(at)
     assert n_steps(at) == 8
@@ -185,7 +185,7 @@ def test_unknown_model(generated):
     at.run()
     assert not at.exception
     assert any("Model not loaded" in e for e in errors(at)), errors(at)
-    at.button(key="btn_step").click().run()
+    click_step(at).run()
     assert any("no-such-model-xyz" in e for e in errors(at))
     assert n_steps(at) == 8
     at.switch_page("app_pages/thermodynamics.py").run()
@@ -198,7 +198,7 @@ def test_prompt_over_the_context_length(generated):
     at.session_state["s_prompt"] = "word " * 700  # the tiny model reads 512 positions
     at.session_state["s_chat"] = False
     at.run()
-    at.button(key="btn_step").click().run()
+    click_step(at).run()
     assert not at.exception
     assert any("shorten it" in e for e in errors(at)), errors(at)
     assert n_steps(at) == 8

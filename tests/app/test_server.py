@@ -9,7 +9,7 @@ import time
 import pytest
 
 from semviz.model.load import DEFAULT_MODEL, ModelLoadError, model_key
-from tests.app.conftest import APP, GENERATE, TIMEOUT, link_notes, run_steps
+from tests.app.conftest import APP, GENERATE, TIMEOUT, click_step, link_notes, run_steps
 from ui import server, sessions
 from ui.server import ConfigError, ServerConfig, read_config
 
@@ -210,7 +210,7 @@ def test_a_prompt_over_the_token_limit_is_refused(monkeypatch, tiny_dir, tiny_lm
     at.session_state["s_chat"] = False
     at.session_state["s_prompt"] = "word " * 60
     at.switch_page(GENERATE).run()
-    at.button(key="btn_step").click().run()
+    click_step(at).run()
     assert not at.exception
     assert [e.value for e in at.error] == [
         f"Prompt not accepted: The prompt has {n} tokens and this server takes at most 40: "
@@ -387,7 +387,7 @@ def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, on
     while not QUEUE.state().running:
         time.sleep(0.01)
     threading.Timer(1.5, release.set).start()  # the page waits about 1.5 s in line
-    at.button(key="btn_step").click().run()
+    click_step(at).run()
     holder.join(30)
     assert not at.exception and not at.error
     assert shown and set(shown) == {1}  # one turn (the other session's) before this one
@@ -425,7 +425,7 @@ def test_an_idle_session_loses_its_run_but_keeps_its_settings(monkeypatch, tiny_
     assert not at.exception
     assert any("closed after 1 idle minutes" in i.value for i in at.info)
     assert at.session_state["settings"].temperature == 0.35
-    at.button(key="btn_step").click().run()  # and a new run starts
+    click_step(at).run()  # and a new run starts
     assert at.session_state["semviz"].decoder.n_steps == 1
 
 

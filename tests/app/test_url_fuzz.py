@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from tests.app.conftest import link_notes
+from tests.app.conftest import click_step, link_notes
 from ui import kv, nav
 from ui.state import COUNT, Settings, spec_of
 
@@ -165,7 +165,7 @@ def test_every_key_bad_at_once(tiny_dir, page, shared):
                 at.session_state["s_model"] = ""
             at.session_state["s_prompt"] = "A short prompt"
             at.run()
-            at.button(key="btn_step").click().run()
+            click_step(at).run()
             assert not at.exception
             assert not at.error, [e.value for e in at.error]
             assert at.session_state["semviz"].decoder.n_steps == 1

@@ -301,15 +301,14 @@ def cli_tokens(prompt: str, n: int, seed: int, temperature: float, tmp: Path) ->
 
 
 def test_ten_fast_step_clicks_give_the_cli_tokens(browser, app_url, tmp_path):
+    # on a fresh prompt: the first click's prefill is a Step job, and the clicks that come
+    # while it runs are queued on it (Step stays enabled), so none is lost
     ctx, page = open_page(browser, app_url, "/generate?seed=0")
     try:
         step = page.get_by_role("button", name="Step", exact=True)
-        step.click()  # the first builds the decoder (prefill): let it land
-        wait_done(page, 1)
         for _ in range(10):
-            if step.is_enabled():
-                step.click(timeout=5_000)
-            time.sleep(0.3)
+            step.click(timeout=2_000)  # a disabled Step would time out here
+            time.sleep(0.2)
         # clicks that arrived during a step wait for it and then run, in order: the page can
         # read "ready" between two of them, so wait until the count holds still
         n = wait_done(page)
@@ -320,12 +319,10 @@ def test_ten_fast_step_clicks_give_the_cli_tokens(browser, app_url, tmp_path):
                 break
             n = again
         got = shown(tokens(page))
-        assert len(got) == n
         no_traceback(page)
         assert not page.locator('[data-testid="stAlertContentError"]').count()
     finally:
         ctx.close()
-    want = cli_tokens(PROMPT, n, 0, 0.8, tmp_path)
+    want = cli_tokens(PROMPT, 10, 0, 0.8, tmp_path)
     (ARTIFACTS / "fast_clicks.json").write_text(json.dumps({"app": got, "cli": want}, indent=1))
-    assert 2 <= n <= 11
-    assert got == want
+    assert got == want and n == 10
