@@ -21,7 +21,7 @@ from ui import nav, runner, server, whatif
 from ui.errors import guard, report
 from ui.locks import page_lock
 from ui.model import get_model
-from ui.state import SessionData, Settings, session, url_count
+from ui.state import SessionData, Settings, read_run_query, run_query, session, url_count
 
 
 @dataclass
@@ -221,17 +221,26 @@ def open_link(ctx: PageContext) -> None:
     if sess.link.read:
         return
     sess.link.read = True
-    sess.link.step = url_count("step", st.query_params.get("step"))
-    want = url_count("steps", st.query_params.get("steps"))
+    qp = st.query_params
+    sess.link.step = url_count("step", qp.get("step"))
+    want = url_count("steps", qp.get("steps"))
+    if sess.decoder is not None or ctx.lm is None or ctx.params is None:
+        return
+    notes: list[str] = []
+    recorded, takes = read_run_query(qp, ctx.settings, ctx.lm.model.config.vocab_size, notes)
+    if takes and not want:
+        want = max(takes) + 1
     sess.link.steps = want
-    if not want or sess.decoder is not None or ctx.lm is None or ctx.params is None:
+    if not want:
         return
     try:
-        runner.start(sess, ctx.settings, "reproduce", want)
-        sess.notice = (
-            f"This link carries a run of {want} steps: regenerating it with the link's "
-            "settings (same seed, same tokens)."
-        )
+        runner.start(sess, ctx.settings, "reproduce", want, takes=takes, sample_params=recorded)
+        what = "a branch of the run" if takes else "a run"
+        at = " recorded at other sliders than the link shows" if recorded is not None else ""
+        sess.notice = " ".join([
+            f"This link carries {what} of {want} steps{at}: regenerating it with the link's "
+            "settings (same seed, same tokens).", *notes,
+        ])  # fmt: skip
     except Exception as exc:  # shown by the header; nothing to lose yet
         sess.error = report(exc, "reproducing the linked run")
 
@@ -376,8 +385,13 @@ def share_url(ctx: PageContext) -> None:
         sess.link.steps = pending = None
     qp = ctx.settings.to_query_params()
     steps = max(n, pending or 0)
+    j = runner.job(sess)
+    if j is not None and j.target:  # a reload during the task reproduces all it will make
+        steps = max(steps, j.target)
     if steps:
         qp["steps"] = str(steps)
+    if steps and ctx.decoder is not None:
+        qp.update(run_query(ctx.decoder.params, ctx.params, runner.branch_tokens(sess)))
     step = sess.selected if ctx.steps else None
     step = want if want is not None else step
     if step is not None:
@@ -442,15 +456,30 @@ def _model_part(wi: whatif.WhatIf) -> str:
     return "gravity recomputed with the model" if wi.model_gravity else "no model run"
 
 
+def recorded_vs_viewing(recorded: PruneParams, viewing: PruneParams) -> str:
+    """ "recorded at temperature 0.8, viewing at 1.1": the sliders that differ, both ways."""
+    from ui.state import PARAM_FIELDS, spec_of
+
+    names = [n for n in PARAM_FIELDS if getattr(recorded, n) != getattr(viewing, n)]
+
+    def shown(v) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)  # fmt: skip
+
+    rec = ", ".join(f"{spec_of(n).label or n} {shown(getattr(recorded, n))}" for n in names)
+    view = ", ".join(shown(getattr(viewing, n)) for n in names)
+    return f"recorded at {rec}, viewing at {view}"
+
+
 def whatif_banner(ctx: PageContext) -> None:
     """When the sliders differ from the run's, say so and offer to regenerate from the first
     changed step (the token strip shows the continuation as ghost text)."""
     wi = ctx.wi
     if wi is None or not params_changed(ctx):
         return
+    both = recorded_vs_viewing(ctx.decoder.params, ctx.params)  # labels and numbers only
     if wi.first_diff is None:
         text = (
-            f"What-if: the sliders moved after generation. Replaying the {wi.n} recorded steps "
+            f"What-if ({both}): the sliders moved after generation. Replaying the {wi.n} recorded steps "
             f"through the core ({1e3 * wi.seconds:.0f} ms, {_model_part(wi)}) changes no choice."
         )
         if wi.n_approximate:
@@ -498,7 +527,7 @@ def whatif_banner(ctx: PageContext) -> None:
             )
         c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.warning(
-            f"What-if: {what}. Views show the replay; steps from the marked one on are "
+            f"What-if ({both}): {what}. Views show the replay; steps from the marked one on are "
             "counterfactual.",
             icon=":material/alt_route:",
         )

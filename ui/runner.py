@@ -401,6 +401,20 @@ def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None
                          params=cur.params, select=k))  # fmt: skip
 
 
+def branch_tokens(sess: SessionData) -> tuple[int, list[int]] | None:
+    """The branch on show as a link carries it: the first step where its tokens leave the
+    run's (the steps before it are the seed's, as the run's are) and its tokens from there;
+    None for the run itself."""
+    bs = branches(sess)
+    if sess.branch == 0 or len(bs) < 2:
+        return None
+    mine, root = sess.decoder.trace.token_ids, bs[0].decoder.trace.token_ids
+    k = next((i for i, (a, b) in enumerate(zip(mine, root, strict=False)) if a != b), None)
+    if k is None:  # a prefix of the run, or the run and more: nothing to take
+        return None
+    return k, list(mine[k:])
+
+
 def _label(dec: Any, token_id: int) -> str:
     try:
         return dec.lm.tokenizer.decode([int(token_id)])
@@ -429,6 +443,8 @@ class Job:
     seconds: float = 0.0  # decode time so far, for the estimate
     total: int | None = None
     target: int | None = None  # the run's length once the job is done (None: open-ended)
+    takes: dict[int, int] = field(default_factory=dict)  # step -> token taken, not sampled
+    sample_params: PruneParams | None = None  # for the sampled tokens (default: the sliders)
     started: float = field(default_factory=time.perf_counter)
     # background decoding between ticks: the latest tick's settings and time, its thread,
     # and the error that ended it (raised by the next tick)
@@ -490,12 +506,22 @@ def _stop_job(sess: SessionData) -> Job | None:
     return j
 
 
-def start(sess: SessionData, settings: Settings, kind: str, n: int | None) -> None:
+def start(
+    sess: SessionData,
+    settings: Settings,
+    kind: str,
+    n: int | None,
+    *,
+    takes: dict[int, int] | None = None,
+    sample_params: PruneParams | None = None,
+) -> None:
     """Start Step (``n`` 1: a first Step, whose prefill is a job) / Run ``n`` / Play (``n``
     None) / reproduce ``n`` steps of a link, as a job.
 
     Builds the decoder first when needed (its prefill is the job's first tick), and re-feeds
-    an example's recorded tokens before sampling new ones.
+    an example's recorded tokens before sampling new ones. A link's run takes ``takes``
+    (step -> token: a branch's tokens) where it would sample, and samples with
+    ``sample_params`` (the settings it was recorded at) instead of the sliders.
     """
     if job(sess) is not None:
         raise Busy("A run is in progress: press Stop first.")
@@ -515,7 +541,8 @@ def start(sess: SessionData, settings: Settings, kind: str, n: int | None) -> No
             label = f"Continuing the example ({len(forced)} recorded tokens first)"
         params = sess.decoder.params if forced else None
         _start(sess, Job(kind, label, forced=forced, recorded=len(forced), sample=n,
-                         build=build, params=params))  # fmt: skip
+                         build=build, params=params or sample_params, takes=dict(takes or {}),
+                         sample_params=sample_params))  # fmt: skip
 
 
 def stop(sess: SessionData) -> str | None:
@@ -679,8 +706,8 @@ def _decode_for(dec: Any, j: Job, params: PruneParams, until: float) -> bool:
             if rec is not None:
                 j.forced.pop(0)
         elif j.sample is None or j.sampled < j.sample:
-            dec.params = params
-            rec = server.step(dec, waiting=j.wait_at)
+            dec.params = params if j.sample_params is None else j.sample_params
+            rec = server.step(dec, force_token=j.takes.get(dec.n_steps), waiting=j.wait_at)
             if rec is not None:
                 j.sampled += 1
         else:

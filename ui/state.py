@@ -271,3 +271,61 @@ def session(state: Any) -> SessionData:
     if SESSION_KEY not in state:
         state[SESSION_KEY] = SessionData()
     return state[SESSION_KEY]
+
+
+# -- what a link carries of its run beyond the settings ----------------------------------------
+# ``rec.<field>``: the run's sliders where they differ from the link's (a what-if: the run was
+# recorded at these, the page views it at the link's); ``take=k.t1.t2…``: a branch, whose
+# tokens from step k on are taken as they were (the steps before k are the seed's).
+
+REC = "rec."
+
+
+def _as_query(v: Any) -> str:
+    return ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
+def run_query(recorded: PruneParams | None, viewing: PruneParams | None, take) -> dict[str, str]:
+    """The query keys for a run recorded at ``recorded`` and viewed at ``viewing``, on the
+    branch ``take`` ((k, tokens) or None)."""
+    out = {}
+    if recorded is not None and viewing is not None and recorded != viewing:
+        for name in PARAM_FIELDS:
+            if getattr(recorded, name) != getattr(viewing, name):
+                out[REC + name] = _as_query(getattr(recorded, name))
+    if take is not None and take[1]:
+        out["take"] = ".".join(str(int(t)) for t in (take[0], *take[1]))
+    return out
+
+
+def read_run_query(
+    qp: Any, viewing: Settings, vocab: int, notes: list[str]
+) -> tuple[PruneParams | None, dict[int, int]]:
+    """What :func:`run_query` wrote, read back: the recorded sliders (None: the link's own)
+    and the tokens to take by step. A value it cannot use is dropped with a note."""
+    rec = {k[len(REC) :]: qp[k] for k in qp if k.startswith(REC)}
+    params = None
+    if rec:
+        unknown = sorted(set(rec) - set(PARAM_FIELDS))
+        if unknown:
+            notes.append(f"Ignored {', '.join(REC + u for u in unknown)}: not a slider.")
+        known = {k: v for k, v in rec.items() if k in PARAM_FIELDS}
+        got = Settings.from_query_params(known, notes)
+        try:
+            params = replace(viewing, **{k: getattr(got, k) for k in known}).prune_params()
+        except ValueError as exc:
+            notes.append(f"Ignored the run's recorded sliders: {exc}")
+    takes: dict[int, int] = {}
+    raw = str(qp.get("take") or "")
+    if raw:
+        try:
+            k, *toks = (int(x) for x in raw.split("."))
+            if k < 0 or not toks or any(not 0 <= t < vocab for t in toks):
+                raise ValueError
+            takes = {k + i: t for i, t in enumerate(toks)}
+        except ValueError:
+            notes.append(
+                "Ignored take: expected a step and the token ids taken from it, as "
+                "take=5.1234.42, each id below the model's vocabulary."
+            )
+    return params, takes

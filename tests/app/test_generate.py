@@ -360,3 +360,69 @@ def test_step_then_run_follows_the_new_tokens(app):
     finish_job(app)
     assert sess(app).decoder.n_steps == 4
     assert sess(app).selected_step() == 3 and app.slider(key="step_sel").value == 3
+
+
+def test_a_link_carries_its_branch_and_its_what_if(tiny_dir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    a = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    a.run()
+    a.session_state["s_seed"] = 5
+    run_steps(a, 8)
+    run = list(sess(a).decoder.trace.token_ids)
+    other = next(t for t in range(3, 200) if t != run[3])
+    runner.branch_from(sess(a), a.session_state["settings"], 3, other)
+    finish_job(a)
+    branch = list(sess(a).decoder.trace.token_ids)
+    assert branch[:3] == run[:3] and branch[3] == other and len(branch) == 8
+    a.slider(key="s_temperature").set_value(1.1).run()  # a what-if on the branch
+    link = dict(a.query_params)
+    assert link["steps"] == "8" and link["temperature"] == "1.1"
+    assert link["rec.temperature"] == "0.8"
+    assert link["take"] == ".".join(map(str, [3, *branch[3:]]))
+
+    b = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    b.query_params.update(link)
+    b.run()
+    assert not b.exception and not errors(b)
+    finish_job(b)
+    dec = sess(b).decoder
+    assert dec.trace.token_ids == branch
+    assert dec.params.temperature == 0.8 and b.session_state["settings"].temperature == 1.1
+    b.switch_page(GENERATE).run()
+    banner = [w.value for w in [*b.warning, *b.success] if w.value.startswith("What-if")]
+    assert banner and banner[0].startswith("What-if (recorded at Temperature 0.8, viewing at 1.1)")
+    # a link with a take it cannot use says so and reproduces the run without it
+    c = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    c.query_params.update({**link, "take": "3.-1"})
+    c.run()
+    finish_job(c)
+    assert sess(c).decoder.trace.token_ids == run
+
+
+def test_a_reload_during_a_run_links_the_whole_run(app):
+    app.session_state["s_run_n"] = 500
+    app.run()
+    app.button(key="btn_run").click().run()  # the first tick: prefill and some tokens
+    j = sess(app).job
+    assert j is not None and j.made < 500 and app.query_params["steps"] == "500"
+    runner.stop(sess(app))
+
+
+def test_a_links_run_keys_are_read_back_or_refused_with_a_note():
+    from semviz.sampling import PruneParams
+    from ui.state import Settings, read_run_query, run_query
+
+    view = Settings(temperature=1.1, top_k=40)
+    rec = Settings(temperature=0.8, top_k=40).prune_params()
+    qp = run_query(rec, view.prune_params(), (3, [7, 9]))
+    assert qp == {"rec.temperature": "0.8", "take": "3.7.9"}
+    notes: list[str] = []
+    assert read_run_query(qp, view, 100, notes) == (rec, {3: 7, 4: 9}) and notes == []
+    bad = {"rec.temperature": "-2", "rec.nonsense": "1", "take": "3.7.100"}
+    params, takes = read_run_query(bad, view, 100, notes)
+    assert takes == {} and isinstance(params, PruneParams)
+    assert params.temperature == 0.0  # clamped to the slider's range, as a link's values are
+    assert notes[0] == "Ignored rec.nonsense: not a slider."
+    assert notes[-1].startswith("Ignored take: expected a step and the token ids")

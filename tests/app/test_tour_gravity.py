@@ -44,7 +44,7 @@ def test_the_button_changes_only_gravity_and_the_page_shows_that_gravity(app):
         "other slider is the run's own." in [c.value for c in at.caption]
     )
     # the banner says the model ran, for the gravity, not "no model run"
-    banners = [m.value for m in (*at.warning, *at.success) if m.value.startswith("What-if:")]
+    banners = [m.value for m in (*at.warning, *at.success) if m.value.startswith("What-if (")]
     assert banners and all("gravity recomputed with the model" in b for b in banners), banners
 
     # a slider moved besides gravity: kept by the buttons, and named by the caption

@@ -154,7 +154,7 @@ def test_slider_move_shows_ghost_text_the_model_decodes(browser, app_url, tmp_pa
         slider.focus()
         for _ in range(16):  # 0.8 -> 0.0: greedy
             page.keyboard.press("ArrowLeft")
-        wait_text(page, r"What-if: with these sliders step \d+ would pick", 120)
+        wait_text(page, r"What-if \([^)]*\): with these sliders step \d+ would pick", 120)
         ghost = page.locator(".semviz-strip .ghost")
         ghost.first.wait_for(timeout=60_000)
         assert "what-if" in page.locator(".semviz-strip .ghost-lane").inner_text().lower()
@@ -220,6 +220,62 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         nav_click(page, "Generate")
         wait_idle(page)
         assert tokens(page) == made
+    finally:
+        ctx.close()
+
+
+def test_a_reload_during_a_run_brings_its_tokens_back(browser, app_url):
+    # a continuation without the chat template: the model does not end it within 24 tokens
+    url = "/generate?seed=1&run_n=24&chat=0&prompt=The+history+of+the+lighthouse+keepers"
+    ctx, page = open_page(browser, app_url, url)
+    try:
+        page.get_by_role("button", name="Run 24", exact=True).click()
+        deadline = time.time() + 300
+        while len(tokens(page)) < 8 and time.time() < deadline:
+            time.sleep(0.2)
+        before = shown(tokens(page))
+        assert 8 <= len(before) < 24, "the run ended before the reload"
+        assert query(page)["steps"] == "24"  # the link names the whole run from its start
+        page.reload()
+        wait_done(page, 24)
+        after = shown(tokens(page))
+        assert after[: len(before)] == before and len(after) == 24
+        no_traceback(page)
+    finally:
+        ctx.close()
+
+
+def test_a_link_after_a_branch_and_a_slider_move_reopens_both(browser, app_url):
+    ctx, page = open_page(browser, app_url, "/generate?seed=2&run_n=10")
+    try:
+        page.get_by_role("button", name="Run 10", exact=True).click()
+        wait_done(page, 10)
+        page.locator(".semviz-strip .tok").nth(4).hover()
+        page.locator(".semviz-card").wait_for(timeout=10_000)
+        page.locator(".semviz-card tr.alt").first.click()  # branch at step 4 with it
+        enabled = '.st-key-branch_pick label[data-testid="stRadioOption"]:not([data-disabled])'
+        page.wait_for_selector(enabled, timeout=600_000)  # the branch's task has ended
+        wait_done(page, 10)
+        branch = shown(tokens(page))
+        slider = page.get_by_role("slider", name="Temperature")
+        slider.focus()
+        for _ in range(6):  # 0.8 -> 1.1
+            page.keyboard.press("ArrowRight")
+        wait_text(page, r"What-if \(recorded at Temperature 0\.8, viewing at 1\.1\)", 120)
+        link = page.evaluate("location.href")
+        assert query(page)["take"].startswith("4.") and query(page)["rec.temperature"] == "0.8"
+    finally:
+        ctx.close()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = ctx.new_page()
+    try:
+        page.goto(link)
+        wait_text(page, r"What-if \(recorded at Temperature 0\.8, viewing at 1\.1\)", 300)
+        nav_click(page, "Generate")
+        wait_done(page, 10)
+        assert shown(tokens(page)) == branch
+        page.screenshot(path=str(ARTIFACTS / "link_branch_whatif.png"))
+        no_traceback(page)
     finally:
         ctx.close()
 

@@ -32,7 +32,7 @@ from tests.e2e.test_generate_browser import (
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Explain to a ten-year-old why the sea is salty."
-BANNER = r"What-if: with these sliders step (\d+) would pick (≈ )?(\S+) instead of (\S+)"
+BANNER = r"What-if \([^)]*\): with these sliders step (\d+) would pick (≈ )?(\S+) instead of (\S+)"
 
 
 def test_a_hotter_what_if_names_the_token_a_real_decode_picks(browser, app_url, tmp_path):
