@@ -375,6 +375,7 @@ def share_url(ctx: PageContext) -> None:
     The link's ``step`` is selected once the run has that many steps.
     """
     sess = ctx.sess
+    follow_history(sess)
     want = sess.link.step
     if want is not None and len(ctx.steps) > want and runner.job(sess) is None:
         sess.selected, sess.link.step = want, None
@@ -398,6 +399,21 @@ def share_url(ctx: PageContext) -> None:
         qp["step"] = str(step)
     if st.query_params.to_dict() != qp:
         st.query_params.from_dict(qp)
+    sess.link.written = qp
+
+
+def follow_history(sess: SessionData) -> None:
+    """Back and Forward in the browser: an address that differs from the one this page wrote
+    only in ``step`` selects that step (each selection is a history entry)."""
+    last, now = sess.link.written, st.query_params.to_dict()
+    if last is None or now == last:
+        return
+
+    def rest(q: dict) -> dict:
+        return {k: v for k, v in q.items() if k != "step"}
+
+    if rest(now) == rest(last):
+        sess.selected = url_count("step", now.get("step"))
 
 
 def status_line(ctx: PageContext, *, here: bool = False) -> None:

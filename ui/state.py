@@ -213,6 +213,7 @@ class Link:
     read: bool = False  # the session's first page run has read the link
     step: int | None = None  # the step to select once the run has that many
     steps: int | None = None  # the run's length while it is being reproduced
+    written: dict | None = None  # the query this session's pages last wrote (Back differs)
 
 
 @dataclass

@@ -280,6 +280,37 @@ def test_a_link_after_a_branch_and_a_slider_move_reopens_both(browser, app_url):
         ctx.close()
 
 
+def test_back_returns_to_the_step_selected_before(browser, app_url):
+    ctx, page = open_page(browser, app_url, "/generate?seed=3&run_n=6")
+    try:
+        page.get_by_role("button", name="Run 6", exact=True).click()
+        wait_done(page, 6)
+        for k in (2, 4):
+            page.locator(".semviz-strip .tok").nth(k).click()
+            wait_idle(page)
+            assert query(page)["step"] == str(k)
+
+        def selected() -> str | None:
+            return page.locator(".semviz-strip .tok.sel").get_attribute("data-step")
+
+        assert selected() == "4"
+        page.go_back()
+        page.wait_for_function("new URLSearchParams(location.search).get('step') === '2'")
+        deadline = time.time() + 30
+        while selected() != "2" and time.time() < deadline:
+            time.sleep(0.2)
+        wait_idle(page)
+        assert selected() == "2" and query(page)["step"] == "2" and len(tokens(page)) == 6
+        page.go_forward()
+        deadline = time.time() + 30
+        while selected() != "4" and time.time() < deadline:
+            time.sleep(0.2)
+        assert selected() == "4"
+        no_traceback(page)
+    finally:
+        ctx.close()
+
+
 def press_stop_once(page, made, title: str) -> int:
     """While the task streams on page ``title``, press its Stop once; return how many tokens
     it kept.
