@@ -32,10 +32,8 @@ def _act(kind: str, n: int = 1) -> None:
     try:
         if kind == "reset":
             runner.reset(sess, s)
-        elif kind == "step":  # n clicks
-            if runner.add_step(sess, n):  # clicked while a Step job runs: queued on it
-                pass
-            elif runner.needs_build(sess, s) or n > 1:
+        elif kind == "step" and not runner.add_step(sess, n):  # else queued on a Step job
+            if runner.needs_build(sess, s) or n > 1:
                 runner.start(sess, s, "step", n)  # a prefill shows its spinner
             else:
                 runner.step(sess, s, 1)

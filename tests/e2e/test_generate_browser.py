@@ -266,10 +266,8 @@ def test_a_link_after_a_branch_and_a_slider_move_reopens_both(browser, app_url):
         assert query(page)["take"].startswith("4.") and query(page)["rec.temperature"] == "0.8"
     finally:
         ctx.close()
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = ctx.new_page()
+    ctx, page = open_page(browser, link, "")
     try:
-        page.goto(link)
         wait_text(page, r"What-if \(recorded at Temperature 0\.8, viewing at 1\.1\)", 300)
         nav_click(page, "Generate")
         wait_done(page, 10)
@@ -278,6 +276,13 @@ def test_a_link_after_a_branch_and_a_slider_move_reopens_both(browser, app_url):
         no_traceback(page)
     finally:
         ctx.close()
+
+
+def until(cond, timeout: float = 30.0) -> None:
+    """Poll ``cond`` until it holds or ``timeout`` s pass (the caller asserts it)."""
+    deadline = time.time() + timeout
+    while not cond() and time.time() < deadline:
+        time.sleep(0.2)
 
 
 def test_back_returns_to_the_step_selected_before(browser, app_url):
@@ -296,15 +301,11 @@ def test_back_returns_to_the_step_selected_before(browser, app_url):
         assert selected() == "4"
         page.go_back()
         page.wait_for_function("new URLSearchParams(location.search).get('step') === '2'")
-        deadline = time.time() + 30
-        while selected() != "2" and time.time() < deadline:
-            time.sleep(0.2)
+        until(lambda: selected() == "2")
         wait_idle(page)
         assert selected() == "2" and query(page)["step"] == "2" and len(tokens(page)) == 6
         page.go_forward()
-        deadline = time.time() + 30
-        while selected() != "4" and time.time() < deadline:
-            time.sleep(0.2)
+        until(lambda: selected() == "4")
         assert selected() == "4"
         no_traceback(page)
     finally:
