@@ -37,6 +37,10 @@ def test_tour4_turns_on_only_the_gravity_it_draws(browser, app_url):
         # the sliders the run recorded stay as they were: only gravity's appear in the link
         after = query(page)
         moved = {k for k in after if after.get(k) != before.get(k)}
+        # the link also keeps what the run was recorded at (rec.<slider>), for the same fields
+        recorded = {k for k in moved if k.startswith("rec.")}
+        assert {k.removeprefix("rec.") for k in recorded} <= moved
+        moved -= recorded
         assert moved <= {"gravity_lambda", "gravity_mode", "gravity_kind", "gravity_mass", "preset"}
         assert {"gravity_lambda", "gravity_kind"} <= moved, (before, after)
         for k in ("temperature", "top_k", "top_p", "min_p"):
