@@ -112,6 +112,27 @@ def test_lens_grid_matches_the_steps_and_is_cached(family_lm, run):
     assert (again.top_id == grid.top_id).all()
 
 
+def test_a_steps_summary_is_read_from_its_lens_rows(family_lm, run):
+    """Every field of ``lens_step`` against the full log-probabilities of ``logit_lens``:
+    the entropy (once always 0 by a misplaced clamp) and KL from the last row included."""
+    lens.clear_cache()
+    for rec in run.trace.steps:
+        s = lens.lens_step(family_lm, rec, k=3)
+        lp = logit_lens(family_lm, rec).double()
+        p = lp.exp()
+        top = lp.topk(3, -1)
+        assert s.top_ids.tolist() == top.indices.tolist()
+        assert s.top_probs == pytest.approx(top.values.exp().numpy(), abs=1e-5)
+        chosen = lp[:, rec.token_id]
+        assert s.chosen_rank.tolist() == ((lp > chosen[:, None]).sum(-1) + 1).tolist()
+        assert s.chosen_prob == pytest.approx(chosen.exp().numpy(), abs=1e-6)
+        entropy = -(p * lp).sum(-1)
+        assert s.entropy == pytest.approx(entropy.numpy(), abs=1e-3)
+        assert (s.entropy > 0).all()
+        kl = (p[-1] * (lp[-1] - lp)).sum(-1)
+        assert s.kl == pytest.approx(kl.numpy(), abs=1e-3)
+
+
 def test_lens_survives_the_trace_file(family_lm, run):
     loaded = Trace.from_json(run.trace.to_json())
     for live, back in zip(run.trace.steps, loaded.steps, strict=True):
