@@ -6,7 +6,7 @@ import streamlit as st
 
 from semviz.output import charts, escape, style
 from semviz.output.style import display_token
-from ui import clicks, page, runner, views
+from ui import clicks, page, runner, server, views
 from ui.errors import report
 
 ctx = page.context("Generate", header=False)
@@ -17,6 +17,7 @@ job = runner.job(sess)
 st.text_area(
     "Prompt",
     key="s_prompt",
+    max_chars=server.prompt_chars(),
     height=96,
     placeholder="Type the text for the model to continue, then press Step or Run.",
     help="With the chat template on (sidebar) the prompt is the user's message.",

@@ -302,6 +302,20 @@ def check_model(name: str) -> str:
     return model_key(name.strip() or cfg.default_model)
 
 
+PROMPT_BOX_TOKENS = 32768  # the prompt box's character limit with no token limit, in tokens
+
+
+def prompt_chars() -> int:
+    """Characters a prompt box takes: ``CHARS_PER_TOKEN`` per token this server reads.
+
+    The browser enforces it as the box's ``max_chars`` (with a counter), so a pasted book
+    never crosses the websocket or the address. It depends on the server's settings only: a
+    box whose limit changed would be reset by Streamlit, losing the typed prompt."""
+    from semviz.decoding.decoder import CHARS_PER_TOKEN
+
+    return CHARS_PER_TOKEN * (config().max_prompt_tokens or PROMPT_BOX_TOKENS)
+
+
 def check_prompt(ids: list[int]) -> list[int]:
     """``ids`` if the prompt is within this server's limit; else ``PromptError``."""
     from semviz.decoding.decoder import PromptError

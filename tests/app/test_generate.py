@@ -62,6 +62,28 @@ def test_front_door_offers_three_ways_in(home):
     assert not errors(home)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_both_prompt_boxes_stop_at_the_servers_character_limit(tiny_dir, monkeypatch, shared):
+    """The browser enforces the box's max_chars: a pasted book never crosses the websocket
+    or the address. Shared mode reads 512 tokens, so 16 × 512 characters."""
+    from streamlit.testing.v1 import AppTest
+
+    from ui import server
+
+    monkeypatch.setenv("SEMVIZ_MODEL", str(tiny_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if shared:
+        monkeypatch.setenv("SEMVIZ_SHARED", "1")
+    want = 16 * 512 if shared else 16 * server.PROMPT_BOX_TOKENS
+    assert server.prompt_chars() == want
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert at.text_area(key="home_prompt").proto.max_chars == want
+    at.switch_page(GENERATE).run()
+    assert not at.exception
+    assert at.text_area(key="s_prompt").proto.max_chars == want
+
+
 def test_front_door_prompt_opens_generate_and_decodes(home):
     home.text_area(key="home_prompt").input("A lighthouse at dusk").run()
     home.button(key="home_go").click().run()
