@@ -442,7 +442,7 @@ class Job:
     sampled: int = 0
     seconds: float = 0.0  # decode time so far, for the estimate
     total: int | None = None
-    target: int | None = None  # the run's length once the job is done (None: open-ended)
+    target: int | None = None  # the run's length once the job is done (Play: the run's cap)
     takes: dict[int, int] = field(default_factory=dict)  # step -> token taken, not sampled
     sample_params: PruneParams | None = None  # for the sampled tokens (default: the sliders)
     started: float = field(default_factory=time.perf_counter)
@@ -540,9 +540,16 @@ def start(
         if forced:
             label = f"Continuing the example ({len(forced)} recorded tokens first)"
         params = sess.decoder.params if forced else None
-        _start(sess, Job(kind, label, forced=forced, recorded=len(forced), sample=n,
-                         build=build, params=params or sample_params, takes=dict(takes or {}),
-                         sample_params=sample_params))  # fmt: skip
+        j = Job(kind, label, forced=forced, recorded=len(forced), sample=n, build=build,
+                params=params or sample_params, takes=dict(takes or {}),
+                sample_params=sample_params)  # fmt: skip
+        if kind == "play":  # Play ends at the run's length: a reload during it goes on to there
+            j.target = (
+                server.config().cap_steps(settings.max_new_tokens)
+                if build
+                else sess.decoder.settings.max_new_tokens
+            )
+        _start(sess, j)
 
 
 def stop(sess: SessionData) -> str | None:

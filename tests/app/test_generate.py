@@ -432,6 +432,20 @@ def test_a_reload_during_a_run_links_the_whole_run(app):
     runner.stop(sess(app))
 
 
+def test_a_reload_during_play_links_the_run_to_its_length(app):
+    """Play runs to the run's length (max new tokens), so that is what its link asks for; a
+    pause leaves the link at the tokens made."""
+    app.session_state["s_max_new_tokens"] = 300
+    app.run()
+    app.button(key="btn_play").click().run()
+    j = sess(app).job
+    assert j is not None and j.kind == "play" and j.made < 300
+    assert app.query_params["steps"] == "300"
+    runner.stop(sess(app))
+    app.run()
+    assert app.query_params["steps"] == str(sess(app).decoder.n_steps)
+
+
 def test_a_links_run_keys_are_read_back_or_refused_with_a_note():
     from semviz.sampling import PruneParams
     from ui.state import Settings, read_run_query, run_query

@@ -224,12 +224,18 @@ def test_a_link_with_steps_reproduces_the_tokens(browser, app_url):
         ctx.close()
 
 
-def test_a_reload_during_a_run_brings_its_tokens_back(browser, app_url):
+@pytest.mark.parametrize("button", ["Run 24", "Play"])
+def test_a_reload_during_a_run_brings_its_tokens_back(browser, app_url, button):
+    """Run 24 and Play (to the run's length, 24 here) both go on to the same end after a
+    reload, with the tokens made before it unchanged."""
     # a continuation without the chat template: the model does not end it within 24 tokens
-    url = "/generate?seed=1&run_n=24&chat=0&prompt=The+history+of+the+lighthouse+keepers"
+    url = (
+        "/generate?seed=1&run_n=24&max_new_tokens=24&chat=0"
+        "&prompt=The+history+of+the+lighthouse+keepers"
+    )
     ctx, page = open_page(browser, app_url, url)
     try:
-        page.get_by_role("button", name="Run 24", exact=True).click()
+        page.get_by_role("button", name=button, exact=True).click()
         deadline = time.time() + 300
         while len(tokens(page)) < 8 and time.time() < deadline:
             time.sleep(0.2)
