@@ -217,7 +217,9 @@ def setting(default: Any, help: str, **spec: Any) -> Any:
 
 
 def _kind_of(default: Any, spec: dict) -> str:
-    if spec.get("choices"):
+    # present, not truthy: a registry is still empty while its package is being imported
+    # (another thread's import, or a circle), and its field is a choice all the same
+    if "choices" in spec:
         return "choice"
     if isinstance(default, bool):
         return "bool"

@@ -138,3 +138,24 @@ def test_a_link_out_of_range_opens_clamped_with_a_note(tiny_dir, monkeypatch):
     assert "Ignored preset='nope'" in warned
     at.run()  # said once, not on every rerun
     assert not link_notes(at)
+
+
+def test_a_field_whose_registry_is_still_empty_is_a_choice():
+    """The gravity registries fill as their package's modules import. A server whose pages
+    import ``semviz.sampling`` while another thread is inside ``semviz.gravity`` declared
+    ``gravity_kind`` over an empty registry; it was then a text field, and the sidebar
+    crashed ("cannot unpack non-iterable bool object") on the first page that drew it."""
+    from semviz.gravity.registry import Registry
+    from semviz.sampling.params import setting
+
+    class Part:
+        name = "a"
+
+    empty = Registry("toy", Part)
+    spec = setting("a", "A toy choice.", choices=empty, app=True).metadata["spec"]
+    assert spec.kind == "choice" and spec.choices == ()
+    empty.register(Part)
+    assert spec.choices == ("a",)
+    for name in PARAM_FIELDS:  # every app field has a widget its kind can draw
+        s = spec_of(name)
+        assert s.kind in ("bool", "choice") or len(s.app) == 3, name
