@@ -23,7 +23,8 @@ BLURBS = {
     ),
     "story_gravity.json": (
         "A story with narrative gravity",
-        "T 0.8, top-k 50, top-p 0.95 with the gravity rerank at λ 0.5 (tour step 4).",
+        "T 0.8, top-k 50, top-p 0.95 with the seed's gravity, the attention-weighted pull, as a "
+        "rerank at λ 0.5 (tour step 4): Attention & gravity shows what pulled each token.",
     ),
     "capital_attention.json": (
         "A short fact, with attention",

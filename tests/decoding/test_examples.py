@@ -49,3 +49,15 @@ def test_an_example_holds_what_its_command_makes_today(argv):
     # format 3: each step has the tail summary the what-if needs; 4 adds only full_logits
     assert t.steps and all(rec.tail is not None for rec in t.steps)
     assert FORMAT_VERSION == 4
+
+
+def test_the_story_example_is_tour_step_4s_gravity():
+    """Its title promises narrative gravity and its blurb tour step 4: it is recorded at
+    exactly the sliders tour step 4 sets, the pull whose terms Attention & gravity draws."""
+    from ui import examples, tour
+
+    t = Trace.load(ROOT / "data" / "examples" / "story_gravity.json")
+    assert PruneParams.from_dict(t.settings["params"]) == tour.GRAVITY
+    assert tour.GRAVITY.gravity_kind == "pull" and tour.GRAVITY.gravity_lambda > 0
+    blurb = {e.name: e.blurb for e in examples.available()}["story_gravity.json"]
+    assert "tour step 4" in blurb and "pull" in blurb
