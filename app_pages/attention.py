@@ -3,7 +3,7 @@
 import streamlit as st
 
 from semviz.output import charts
-from ui import page, views
+from ui import page, strip, views
 
 WINDOW = 256  # context positions shown unbinned when windowing a long context
 
@@ -31,6 +31,11 @@ if page.need_trace(ctx):
     if rec.attention is None:
         st.info("This run did not capture attention.")
     else:
+        st.caption(
+            "Hover a token: the context tokens it read light up by its attention, "
+            f"{strip.read_label(layers, heads)} (the choice above). Click one to select its step."
+        )
+        views.token_strip(ctx, key="att_strip", layers=layers, heads=heads)
         st.subheader(f"Step {i}: attention of the last query, layers × context")
         st.caption(
             f"The query is the one that chose step {i}'s token: the last position of the "

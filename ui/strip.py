@@ -24,7 +24,7 @@ in the browser, never as HTML).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import streamlit as st
@@ -401,10 +401,35 @@ def value(p: float) -> float:
     return min(1.0, max(0.0, -math.log10(p) / 3.0))
 
 
+def read_label(layers: Sequence[int] = (), heads: Sequence[int] = ()) -> str:
+    """What the hover's attention averages: "the mean over layers and heads", "layer 3,
+    head 2", "layers 1, 4, the mean over heads"."""
+
+    def part(what: str, pick: Sequence[int]) -> str | None:
+        if not pick:
+            return None
+        return f"{what}{'s' if len(pick) > 1 else ''} {', '.join(str(j) for j in sorted(pick))}"
+
+    bits = [part("layer", layers), part("head", heads)]
+    if not any(bits):
+        return "the mean over layers and heads"
+    rest = "the mean over layers" if not layers else "the mean over heads" if not heads else ""
+    return ", ".join(b for b in (*bits, rest) if b)
+
+
 def payload(
-    ctx, color_by: str = "probability", *, ghost: dict | None = None, branchable: bool = True
+    ctx,
+    color_by: str = "probability",
+    *,
+    ghost: dict | None = None,
+    branchable: bool = True,
+    layers: Sequence[int] = (),
+    heads: Sequence[int] = (),
 ) -> dict:
-    """The strip's data for ``ctx``'s run: tokens, colours, hover cards and the ghost lane."""
+    """The strip's data for ``ctx``'s run: tokens, colours, hover cards and the ghost lane.
+
+    A hovered token lights what it read by its attention averaged over ``layers`` and
+    ``heads`` (empty: all; the Attention page passes its choice)."""
     tr = ctx.trace
     steps = tr.steps
     n = len(steps)
@@ -443,14 +468,19 @@ def payload(
             card = _card(ctx, i, stages, whatif, res)
             hit = cards[i] = (s, res, whatif, stages, card, links(s))
         alts[str(i)] = hit[4]
+        # the cards keep the mean over everything; a choice of layers or heads is read afresh
+        read_from = hit[5] if not (layers or heads) else links(s, layers=layers, heads=heads)
         # only links to tokens on show: a rule for a hidden token would light nothing
-        shown = [(p, w) for p, w in hit[5] if p >= shown_from]
+        shown = [(p, w) for p, w in read_from if p >= shown_from]
         tokens.append([i, s.token_text, round(float(v), 3), int(s.position), bool(shown)])
         read.append((int(s.position), shown))
     # [text, colour of its mark or None]
     hints = [["selected step (click a token)", style.FOCUS], ["hover: alternatives", None]]
     if any(t[4] for t in tokens):
-        hints.append(["hover: the tokens it read, by attention", style.shade(0.6, ATTENTION)])
+        what = "" if not (layers or heads) else f" ({read_label(layers, heads)})"
+        hints.append(
+            [f"hover: the tokens it read, by attention{what}", style.shade(0.6, ATTENTION)]
+        )
     if whatif:
         hints.append(
             [f"the sliders change step {first}; below it, what-if ghost text", style.WHATIF]
@@ -473,14 +503,22 @@ def payload(
     }
 
 
-def links(rec, k: int = LINKS) -> list[tuple[int, float]]:
+def links(
+    rec, k: int = LINKS, *, layers: Sequence[int] = (), heads: Sequence[int] = ()
+) -> list[tuple[int, float]]:
     """The ``k`` context positions step ``rec`` read most, with their weights, heaviest first:
-    its recorded last-query attention ``(L, H, S)`` averaged over layers and heads, over the
-    keys at ``rec.cache_positions``. A step recorded without attention reads nothing here."""
+    its recorded last-query attention ``(L, H, S)`` averaged over ``layers`` and ``heads``
+    (empty: all of them), over the keys at ``rec.cache_positions``. A step recorded without
+    attention reads nothing here; indices past the record's layers or heads are ignored."""
     att = getattr(rec, "attention", None)
     if att is None or att.numel() == 0:
         return []
-    w = att.float().mean(dim=(0, 1))
+    att = att.float()
+    for dim, pick in ((0, layers), (1, heads)):
+        idx = [int(j) for j in pick if 0 <= int(j) < att.shape[dim]]
+        if idx:
+            att = att.index_select(dim, torch.tensor(idx))
+    w = att.mean(dim=(0, 1))
     top = torch.topk(w, min(k, w.numel()))
     pos = rec.cache_positions
     return [(int(pos[j]), float(v)) for v, j in zip(top.values, top.indices, strict=True)]
@@ -567,8 +605,11 @@ def draw(
     on_select: Callable[[int], None] | None = None,
     on_branch: Callable[[int, int], None] | None = None,
     key: str = "semviz_strip",
+    layers: Sequence[int] = (),
+    heads: Sequence[int] = (),
 ) -> None:
-    """Mount the strip; ``on_select(step)`` and ``on_branch(step, token_id)`` run as callbacks."""
+    """Mount the strip; ``on_select(step)`` and ``on_branch(step, token_id)`` run as callbacks.
+    The hover's attention is averaged over ``layers`` and ``heads`` (empty: all)."""
 
     def _sel() -> None:
         v = _trigger(key, "select")
@@ -580,7 +621,10 @@ def draw(
         if isinstance(v, dict) and on_branch is not None:
             on_branch(int(v["step"]), int(v["id"]))
 
-    data = payload(ctx, color_by, ghost=ghost, branchable=branchable and on_branch is not None)
+    data = payload(
+        ctx, color_by, ghost=ghost, branchable=branchable and on_branch is not None,
+        layers=layers, heads=heads,
+    )  # fmt: skip
     _component()(key=key, data=data, on_select_change=_sel, on_branch_change=_br)
 
 

@@ -26,9 +26,12 @@ def token_strip(
     on_select=None,
     on_branch=None,
     key: str = "semviz_strip",
+    layers=(),
+    heads=(),
 ) -> None:
     """The generated text as ``.semviz-strip .tok`` elements on a colour scale; hover for the
-    alternatives at every stage, click to select a step, click an alternative to branch.
+    alternatives at every stage and the tokens it read (attention averaged over ``layers``
+    and ``heads``, empty: all), click to select a step, click an alternative to branch.
 
     Without ``on_select`` a click selects the step for every page (``sess.selected``).
     """
@@ -39,8 +42,9 @@ def token_strip(
         ctx.sess.selected = None if i >= n - 1 and ctx.sess.job is None else int(i)
 
     strip.draw(
-        ctx, color_by, ghost=ghost, on_select=on_select or _select, on_branch=on_branch, key=key
-    )
+        ctx, color_by, ghost=ghost, on_select=on_select or _select, on_branch=on_branch, key=key,
+        layers=layers, heads=heads,
+    )  # fmt: skip
 
 
 def filters_disjoint(res) -> bool:

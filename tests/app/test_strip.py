@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from semviz.analysis.replay import replay
@@ -86,6 +87,45 @@ def test_links_are_the_heaviest_keys_of_the_mean_over_layers_and_heads():
     assert [p for p, _ in got] == [7, 0, 5]
     assert [round(w, 3) for _, w in got] == [0.4, 0.3, 0.2]
     assert strip.links(SimpleNamespace(attention=None, cache_positions=None)) == []
+
+
+def test_links_of_one_layer_and_head_or_of_a_choice():
+    att = torch.tensor(
+        [[[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]],
+         [[0.5, 0.0, 0.1, 0.4], [0.3, 0.0, 0.3, 0.4]]], dtype=torch.float16,
+    )  # fmt: skip
+    rec = SimpleNamespace(attention=att, cache_positions=torch.tensor([0, 2, 5, 7]))
+    # layer 1, head 0 alone: 0.5, 0.0, 0.1, 0.4
+    got = strip.links(rec, k=2, layers=[1], heads=[0])
+    assert [(p, round(w, 3)) for p, w in got] == [(0, 0.5), (7, 0.4)]
+    # layer 0, the mean over its heads: 0.2, 0.2, 0.2, 0.4
+    assert strip.links(rec, k=1, layers=[0]) == [(7, pytest.approx(0.4, abs=1e-3))]
+    # head 1, the mean over layers: 0.3, 0.1, 0.2, 0.4; an index past the record is ignored
+    got = strip.links(rec, k=4, heads=[1, 9])
+    assert [p for p, _ in got] == [7, 0, 5, 2]
+    assert strip.links(rec, k=3, layers=[9]) == strip.links(rec, k=3)
+    assert strip.read_label() == "the mean over layers and heads"
+    assert strip.read_label([3], [2]) == "layer 3, head 2"
+    assert strip.read_label([4, 1]) == "layers 1, 4, the mean over heads"
+    assert strip.read_label(heads=[0]) == "head 0, the mean over layers"
+
+
+def test_the_payload_lights_by_the_chosen_layer_and_head(tiny_lm):
+    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(),
+                  DecodeSettings(max_new_tokens=8, seed=3))  # fmt: skip
+    dec.run(4)
+    store: dict = {}
+    mean = strip.payload(ctx_of(dec, store))
+    one = strip.payload(ctx_of(dec, store), layers=[1], heads=[0])
+    assert one["hints"][-1][0] == "hover: the tokens it read, by attention (layer 1, head 0)"
+    for rule, s in zip(one["attn_css"].split("\n"), dec.trace.steps, strict=True):
+        want = strip.links(s, layers=[1], heads=[0])
+        top = want[0][1]
+        decls = ";".join(f"--a{p}:{w / top:.3f}" for p, w in want)
+        assert rule == f".semviz-strip:has(.p{s.position}:hover){{{decls}}}"
+    assert one["attn_css"] != mean["attn_css"]
+    # the cards, kept between draws, still hold the mean: drawing it again gives the same
+    assert strip.payload(ctx_of(dec, store))["attn_css"] == mean["attn_css"]
 
 
 def test_attention_css_lights_each_read_token_by_its_weight_over_the_heaviest():

@@ -103,3 +103,50 @@ def test_hovering_a_token_lights_what_it_read_without_a_rerun(browser, app_url):
         no_traceback(page)
     finally:
         ctx.close()
+
+
+def _pick(page, key: str, option: str) -> None:
+    """Choose ``option`` in the multiselect ``key`` and wait for the page to settle."""
+    page.locator(f".st-key-{key}").click()
+    page.get_by_role("option", name=option, exact=True).click()
+    page.keyboard.press("Escape")
+    wait_idle(page)
+
+
+def test_on_the_attention_page_the_hover_reads_the_chosen_layer_and_head(browser, app_url):
+    """The Attention page's strip lights what a token read in the layers and heads chosen
+    above it (one layer and head here), and still answers with no rerun."""
+    from tests.e2e.conftest import nav_click
+
+    ctx, page = open_app(browser, app_url, f"?run_n={N}")
+    try:
+        page.get_by_role("button", name=f"Run {N}", exact=True).click()
+        wait_ready(page, N)
+        last = int(
+            page.eval_on_selector_all(
+                ".semviz-strip .tok", "els => [...els.at(-1).classList].find(c => /^p\\d+$/.test(c)).slice(1)"
+            )
+        )  # fmt: skip
+        mean = _rule(page, last)
+        nav_click(page, "Attention & gravity")
+        wait_idle(page)
+        page.locator(".semviz-strip .tok").first.wait_for(timeout=60_000)
+        assert _rule(page, last) == mean  # nothing chosen: the mean over layers and heads
+        _pick(page, "att_layers", "0")
+        _pick(page, "att_heads", "3")
+        assert "read light up by its attention, layer 0, head 3" in page.inner_text("body")
+        one = _rule(page, last)
+        assert one != mean and one[0][1] == 1.0 and len(one) <= strip.LINKS
+        sel = f".semviz-strip .p{one[0][0]}"
+        _hover(page, last)
+        page.wait_for_timeout(300)
+        assert page.evaluate(BACKGROUND, sel) == LIT
+        states = set()
+        for _ in range(10):
+            states.add(page.evaluate(STATE))
+            page.wait_for_timeout(100)
+        assert states == {"notRunning"}
+        page.screenshot(path=str(ARTIFACTS / "attention_page_strip_layer0_head3.png"))
+        no_traceback(page)
+    finally:
+        ctx.close()
