@@ -14,8 +14,11 @@ page's own clock:
 3. **page renders with a long prompt**: a run with a ``--long`` token prompt (default 2,000,
    from data/pride_and_prejudice_ch1-3.txt) and a short one; each page is opened from the
    sidebar and timed from the click to idle with its charts drawn. Prints the ratio long/short.
+4. **Step on a new prompt** (part ``step``), the model warm: from the click on Step to the
+   first token on screen, beside the model's own prefill and first step for that prompt.
 
     python benchmarks/bench_browser.py [--steps 128] [--long 2000] [--moves 6] [--json]
+                                       [--parts first,step,slider,pages] [--reps 5]
                                        [--url http://host:port]  # an app already running
 
 Absolute times depend on the machine's load; run it on a quiet machine. The ratios are
@@ -145,6 +148,48 @@ def first_token(browser) -> float:
     return dt
 
 
+STEP_PROMPTS = [
+    "A lighthouse keeper writes to her brother about the winter storms.",
+    "Describe the smell of a bakery at six in the morning.",
+    "Why do cats knead blankets? Answer in two sentences.",
+    "List three things a new gardener gets wrong about tomatoes.",
+    "Write the first line of a letter from a ship's cook.",
+]
+
+
+def step_first_token(browser, reps: int) -> dict:
+    """What a class does first: Step on a new prompt, model warm. From the click (page clock)
+    to the first generated token on screen, on Generate opened with a prompt not run before;
+    beside it, the model's own prefill and first step for the same prompt (``Decoder`` then
+    ``step()`` in this process, at the app's default settings)."""
+    from semviz import load_model
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.sampling import PruneParams
+
+    lm = load_model()
+    Decoder(lm, "warm up", PruneParams(temperature=0.8), DecodeSettings(seed=0)).step()
+    browser_ms, model_ms = [], []
+    for i in range(reps):
+        prompt = STEP_PROMPTS[i % len(STEP_PROMPTS)] + f" ({i})"
+        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+        page = ctx.new_page()
+        page.goto(BASE + "/generate?" + urllib.parse.urlencode({"prompt": prompt}))
+        page.wait_for_selector('[data-testid="stApp"]')
+        page.evaluate(OBSERVE)
+        quiet(page)
+        t0 = now(page)
+        page.get_by_role("button", name="Step", exact=True).click()
+        browser_ms.append(wait_for(page, "document.querySelector('.semviz-strip .tok')") - t0)
+        wait_done(page)
+        ctx.close()
+        t = time.perf_counter()
+        Decoder(lm, prompt, PruneParams(temperature=0.8), DecodeSettings(seed=0)).step()
+        model_ms.append(1e3 * (time.perf_counter() - t))
+    b, m = statistics.median(browser_ms), statistics.median(model_ms)
+    return {"step_click_to_token_ms": b, "step_click_max_ms": max(browser_ms),
+            "model_prefill_and_step_ms": m, "ratio": b / m}  # fmt: skip
+
+
 def open_run(browser, query: dict, width: int = 1440) -> tuple:
     ctx = browser.new_context(viewport={"width": width, "height": 900})
     page = ctx.new_page()
@@ -238,7 +283,14 @@ def main() -> None:
     ap.add_argument("--moves", type=int, default=6)
     ap.add_argument("--url", default=None, help="time a running app instead of starting one")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--parts", default="first,step,slider,pages",
+        help="what to time, comma-separated: first (first token from the root URL), step "
+        "(Step on a new prompt, warm), slider, pages",
+    )  # fmt: skip
+    ap.add_argument("--reps", type=int, default=5, help="Steps on new prompts (part step)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
 
     from playwright.sync_api import sync_playwright
 
@@ -256,14 +308,19 @@ def main() -> None:
             browser = pw.chromium.launch(
                 executable_path=chromium_path() or "/usr/bin/chromium", args=BROWSER_ARGS
             )
-            out["first_token_cold_s"] = first_token(browser)
-            out["first_token_warm_s"] = first_token(browser)
-            out["slider"] = slider_moves(browser, args.steps, args.moves)
-            short = page_renders(browser, "Once upon a time", 8)
-            longp = page_renders(browser, long_prompt(args.long), 8)
-            out["pages_short_ms"] = short
-            out[f"pages_{args.long}_tokens_ms"] = longp
-            out["pages_long_vs_short"] = {k: longp[k] / short[k] for k in short}
+            if parts & {"first", "step"}:  # the second also warms the model for "step"
+                out["first_token_cold_s"] = first_token(browser)
+                out["first_token_warm_s"] = first_token(browser)
+            if "step" in parts:
+                out["step"] = step_first_token(browser, args.reps)
+            if "slider" in parts:
+                out["slider"] = slider_moves(browser, args.steps, args.moves)
+            if "pages" in parts:
+                short = page_renders(browser, "Once upon a time", 8)
+                longp = page_renders(browser, long_prompt(args.long), 8)
+                out["pages_short_ms"] = short
+                out[f"pages_{args.long}_tokens_ms"] = longp
+                out["pages_long_vs_short"] = {k: longp[k] / short[k] for k in short}
             browser.close()
     finally:
         if proc is not None:
@@ -275,13 +332,23 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    s = out["slider"]
-    print(f"first token from the root URL: cold {out['first_token_cold_s']:.2f} s, "
-          f"warm {out['first_token_warm_s']:.2f} s")  # fmt: skip
-    print(f"slider move, {s['steps']}-step trace: settled {s['slider_settled_ms']:.0f} ms "
-          f"(max {s['slider_settled_max_ms']:.0f}), plain rerun {s['plain_rerun_ms']:.0f} ms, "
-          f"ratio {s['slider_vs_plain']:.2f}x; ghost continuation complete "
-          f"{s['ghost_complete_ms']:.0f} ms")  # fmt: skip
+    if "first_token_cold_s" in out:
+        print(f"first token from the root URL: cold {out['first_token_cold_s']:.2f} s, "
+              f"warm {out['first_token_warm_s']:.2f} s")  # fmt: skip
+    if "step" in out:
+        st = out["step"]
+        print(f"Step on a new prompt, warm, click to first token: {st['step_click_to_token_ms']:.0f}"
+              f" ms median of {args.reps} (max {st['step_click_max_ms']:.0f}; goal < 1000); the "
+              f"model's prefill and first step {st['model_prefill_and_step_ms']:.0f} ms, "
+              f"ratio {st['ratio']:.2f}x")  # fmt: skip
+    if "slider" in out:
+        s = out["slider"]
+        print(f"slider move, {s['steps']}-step trace: settled {s['slider_settled_ms']:.0f} ms "
+              f"(max {s['slider_settled_max_ms']:.0f}), plain rerun {s['plain_rerun_ms']:.0f} "
+              f"ms, ratio {s['slider_vs_plain']:.2f}x; ghost continuation complete "
+              f"{s['ghost_complete_ms']:.0f} ms")  # fmt: skip
+    if "pages_short_ms" not in out:
+        return
     print(f"page render (click to idle), short prompt vs {args.long}-token prompt:")
     for k in out["pages_short_ms"]:
         a, b = out["pages_short_ms"][k], out[f"pages_{args.long}_tokens_ms"][k]
