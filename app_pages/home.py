@@ -7,7 +7,7 @@ trace, with no model run; a prompt opens Generate and starts decoding.
 
 import streamlit as st
 
-from ui import examples, nav, server
+from ui import examples, nav
 
 # a link opened at the root with settings or a run in its query string belongs to Generate
 # (only when the session starts here: later visits come from the navigation)
@@ -81,7 +81,7 @@ with c1.container(border=True):
     st.subheader(":material/edit: Try a prompt")
     st.text_area(
         "Prompt", key="home_prompt", height=110, label_visibility="collapsed",
-        max_chars=server.prompt_chars(),
+        max_chars=nav.PROMPT_BOX_CHARS,
         placeholder="Type a prompt, or leave this empty for the default one "
         "(a sentence about the sea).",
     )  # fmt: skip

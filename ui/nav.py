@@ -32,6 +32,12 @@ START = "Start"  # the section whose pages are always in sight
 LINK_NOTES = "settings_notes"
 SHOWN_NOTES = "settings_notes_shown"
 
+# the front door's prompt box takes at most this many characters: the most any server reads
+# (16 a token, ``semviz.decoding.decoder.CHARS_PER_TOKEN``, of ``PROMPT_BOX_TOKENS``); it is
+# here because the front door paints before torch is imported, which the server's own
+# setting (``ui.server.prompt_chars``, Generate's box) needs
+PROMPT_BOX_TOKENS = 32768
+PROMPT_BOX_CHARS = 16 * PROMPT_BOX_TOKENS
 PAGE_NOW = "page_now"  # session_state key: the url path of the page this run draws
 
 

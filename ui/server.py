@@ -302,16 +302,15 @@ def check_model(name: str) -> str:
     return model_key(name.strip() or cfg.default_model)
 
 
-PROMPT_BOX_TOKENS = 32768  # the prompt box's character limit with no token limit, in tokens
-
-
 def prompt_chars() -> int:
-    """Characters a prompt box takes: ``CHARS_PER_TOKEN`` per token this server reads.
+    """Characters Generate's prompt box takes: ``CHARS_PER_TOKEN`` per token this server
+    reads (``nav.PROMPT_BOX_TOKENS`` without a limit).
 
     The browser enforces it as the box's ``max_chars`` (with a counter), so a pasted book
     never crosses the websocket or the address. It depends on the server's settings only: a
     box whose limit changed would be reset by Streamlit, losing the typed prompt."""
     from semviz.decoding.decoder import CHARS_PER_TOKEN
+    from ui.nav import PROMPT_BOX_TOKENS
 
     return CHARS_PER_TOKEN * (config().max_prompt_tokens or PROMPT_BOX_TOKENS)
 
