@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,30 +269,46 @@ def test_2_kv_eval_budgets_are_capped_and_counted_once(browser, shared, real_lm)
 
 
 def test_3_a_prompt_over_the_character_limit_is_refused_before_tokenising(browser, shared, real_lm):
+    """A prompt far over what the model reads: the box takes at most the characters this
+    server reads (16 a token of its 512: the browser enforces the box's max_chars, so the text
+    never crosses the websocket or the address), and Step refuses that much in one sentence.
+    A client that bypassed the box meets the server's own character check before tokenising
+    (``check_prompt_text``, ``tests/decoding/test_decoder.py``)."""
     from semviz.decoding.decoder import CHARS_PER_TOKEN
 
     most = CHARS_PER_TOKEN * real_lm.max_context
-    n = 4 * most  # tokenised, about 128,000 tokens
+    n = 4 * most  # about 128,000 tokens if it were tokenised
+    box_chars = CHARS_PER_TOKEN * 512  # shared mode's SEMVIZ_MAX_PROMPT_TOKENS default
     ctx, page = open_app(browser, shared.url)
     try:
         goto(page, "Generate")
         wait_idle(page)
         box = page.get_by_label("Prompt", exact=True)
+        text = ("word " * (n // 5 + 1))[:n]
         with measured(shared) as m:
-            box.fill(("word " * (n // 5 + 1))[:n])
+            box.fill(text)  # over the box's max_chars: the box does not take it
+            assert len(box.input_value()) <= box_chars
+            box.fill(text[:box_chars])  # all the box takes
+            assert len(box.input_value()) == box_chars
             page.keyboard.press("Control+Enter")  # send it, as leaving the box does
             wait_idle(page)
-            goto(page, "Pipeline")
+            page.get_by_role("button", name="Step", exact=True).click()
+            deadline = time.time() + 120
+            while not page_errors(page) and time.time() < deadline:
+                page.wait_for_timeout(200)
+            wait_idle(page)
         no_traceback(page)
-        said = (
-            f"Prompt not accepted: The prompt is {n:,} characters, more than the {most:,} "
-            "semviz reads: shorten it."
-        )
-        assert page_errors(page) == [said]
-        assert "tokens (model input)" not in page.inner_text("body")
+        errors = page_errors(page)
+        # one box, its one sentence after the box's icon name
+        assert len(errors) == 1 and re.fullmatch(
+            r"(error\s+)?Prompt not accepted: The prompt has [\d,]+ tokens and this server "
+            r"takes at most 512: shorten it\.",
+            errors[0],
+        ), errors
+        assert page.locator(".semviz-strip .tok").count() == 0  # nothing was decoded
     finally:
         ctx.close()
-    record("3 prompt", characters=n, limit=most, peak_mib=m.peak, after_mib=m.after)
+    record("3 prompt", characters=n, box=box_chars, limit=most, peak_mib=m.peak, after_mib=m.after)
     assert m.peak * MiB <= SLACK  # a few copies of the text, not its tokens
     no_leftovers(shared)
 
