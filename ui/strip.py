@@ -30,6 +30,7 @@ from typing import Any
 import streamlit as st
 import torch
 
+from semviz.gravity.masses import mean_attention
 from semviz.output import style
 
 MAX_TOKENS_SHOWN = 1500
@@ -513,12 +514,10 @@ def links(
     att = getattr(rec, "attention", None)
     if att is None or att.numel() == 0:
         return []
-    att = att.float()
-    for dim, pick in ((0, layers), (1, heads)):
-        idx = [int(j) for j in pick if 0 <= int(j) < att.shape[dim]]
-        if idx:
-            att = att.index_select(dim, torch.tensor(idx))
-    w = att.mean(dim=(0, 1))
+    L, H = att.shape[:2]
+    lay = tuple(int(j) for j in layers if 0 <= int(j) < L) or None
+    hd = tuple(int(j) for j in heads if 0 <= int(j) < H) or None
+    w = mean_attention(att, lay, hd)
     top = torch.topk(w, min(k, w.numel()))
     pos = rec.cache_positions
     return [(int(pos[j]), float(v)) for v, j in zip(top.values, top.indices, strict=True)]

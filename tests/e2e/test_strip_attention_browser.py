@@ -33,6 +33,16 @@ def _rule(page, pos: int) -> list[tuple[int, float]]:
     return [(int(a), float(w)) for a, w in re.findall(r"--a(\d+):([0-9.]+)", m.group(1))]
 
 
+def _script_states(page) -> set[str]:
+    """The script's states seen over a second after a hover: {"notRunning"} when it did not
+    rerun."""
+    states = set()
+    for _ in range(10):
+        states.add(page.evaluate(STATE))
+        page.wait_for_timeout(100)
+    return states
+
+
 def _hover(page, pos: int) -> None:
     tok = page.locator(f".semviz-strip .tok.p{pos}")
     tok.scroll_into_view_if_needed()
@@ -73,11 +83,7 @@ def test_hovering_a_token_lights_what_it_read_without_a_rerun(browser, app_url):
         assert abs(float(alpha) - weakest[1] * 0.85) <= 1 / 255, (w, weakest)
         assert page.evaluate(BACKGROUND, f".semviz-strip .p{unread}") == NONE
         # no rerun: the script stays idle through the hover
-        states = set()
-        for _ in range(10):
-            states.add(page.evaluate(STATE))
-            page.wait_for_timeout(100)
-        assert states == {"notRunning"}
+        assert _script_states(page) == {"notRunning"}
         # another token lights what it read instead
         first = positions[0]
         other = _rule(page, first)
@@ -141,11 +147,7 @@ def test_on_the_attention_page_the_hover_reads_the_chosen_layer_and_head(browser
         _hover(page, last)
         page.wait_for_timeout(300)
         assert page.evaluate(BACKGROUND, sel) == LIT
-        states = set()
-        for _ in range(10):
-            states.add(page.evaluate(STATE))
-            page.wait_for_timeout(100)
-        assert states == {"notRunning"}
+        assert _script_states(page) == {"notRunning"}
         page.screenshot(path=str(ARTIFACTS / "attention_page_strip_layer0_head3.png"))
         no_traceback(page)
     finally:
