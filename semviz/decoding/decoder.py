@@ -546,16 +546,17 @@ class Decoder:
         if kept.numel() > self.settings.record_k:  # a wide set: the raw top-K covers it
             kept = kept[:0]
         must = torch.cat([kept, torch.tensor([token])])  # the chosen token is always recorded
-        cand, tail_lse = top_candidates(logits, self.settings.record_k, include=must)  # (K',)
+        cand, member = _top_set(logits, self.settings.record_k, include=must)  # (K',), (V,)
         lse = torch.logsumexp(logits, 0)
-        outside = torch.ones(logits.numel(), dtype=torch.bool)
-        outside[cand] = False
-        # the unrecorded tail, summarised so that replay can bound it at any temperature;
-        # full-mode gravity moves it too, so its range of G per bin comes along
+        outside = ~member
+        rest = logits[outside]  # (V - K',) the unrecorded tail
+        tail_lse = float(torch.logsumexp(rest, 0)) if rest.numel() else float("-inf")
+        # the tail, summarised so that replay can bound it at any temperature; full-mode
+        # gravity moves it too, so its range of G per bin comes along
         g_tail = (
             gravity[outside] if gravity is not None and self.params.gravity_mode == "full" else None
         )
-        tail = summarize_tail(logits[outside], g_tail)
+        tail = summarize_tail(rest, g_tail)
         hit = (cand == token).nonzero()
         stage_probs = {
             name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()
@@ -751,6 +752,16 @@ def top_candidates(
     ids : (K',) long, K' = min(k, V) plus any ``include`` ids outside the top k
     tail_lse : logsumexp of the logits not in ``ids`` (-inf when there are none)
     """
+    ids, member = _top_set(logits, k, include)
+    if ids.numel() == logits.numel():
+        return ids, float("-inf")
+    return ids, float(torch.logsumexp(logits[~member], 0))
+
+
+def _top_set(
+    logits: torch.Tensor, k: int, include: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`top_candidates`' ids, and the (V,) bool mask of them."""
     V = logits.numel()
     k = min(k, V)
     kth = torch.topk(logits, k, sorted=False).values.min()
@@ -764,6 +775,4 @@ def top_candidates(
         ids = member.nonzero()[:, 0]
     ids = ids[torch.sort(ids).indices]  # by id, so the stable sort below breaks ties by id
     ids = ids[torch.sort(logits[ids], descending=True, stable=True).indices]
-    if ids.numel() == V:
-        return ids, float("-inf")
-    return ids, float(torch.logsumexp(logits[~member], 0))
+    return ids, member

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -54,6 +55,47 @@ class AttentionSink:
     heads: dict[int, torch.Tensor] = field(default_factory=dict)  # l → (B, H, D) before o_proj
     score_abs: dict[int, torch.Tensor] = field(default_factory=dict)  # l → (B, H) mean |score|
     n_keys: dict[int, torch.Tensor] = field(default_factory=dict)  # l → (B,) keys read
+    # l → (scores (B, H, S), valid (B, 1, S) or None) the forward left, not yet in ``rows``
+    pending: dict[int, tuple] = field(default_factory=dict, repr=False)
+
+    def finish(self) -> None:
+        """Turn the scores the last forward left into ``rows`` (and, with ``lens``,
+        ``score_abs`` and ``n_keys``). Layers that read the same number of keys are done
+        together: one softmax for all of them instead of one per layer."""
+        if not self.pending:
+            return
+        layers = sorted(self.pending)
+        scores = [self.pending[i][0] for i in layers]
+        valid = [self.pending[i][1] for i in layers]
+        self.pending = {}
+        one = all(s.shape == scores[0].shape for s in scores) and (
+            all(v is None for v in valid)
+            or all(v is not None and v.shape == valid[0].shape for v in valid)
+        )
+        if one:
+            groups = [
+                (layers, torch.stack(scores), None if valid[0] is None else torch.stack(valid))
+            ]
+        else:
+            groups = [
+                ([i], s[None], None if v is None else v[None])
+                for i, s, v in zip(layers, scores, valid, strict=True)
+            ]
+        for idx, s, v in groups:  # s (n, B, H, S), v (n, B, 1, S) or None
+            p = _softmax(s, v)
+            for j, i in enumerate(idx):
+                self.rows[i] = p[j]
+            if not self.lens:
+                continue
+            if v is None:
+                score_abs = s.abs().mean(-1)  # (n, B, H)
+                n_keys = torch.full(s.shape[:2], s.shape[-1], dtype=torch.long)  # (n, B)
+            else:
+                n = v.sum(-1)  # (n, B, 1)
+                score_abs = s.abs().masked_fill(~v, 0.0).sum(-1) / n.clamp_min(1)
+                n_keys = n[..., 0].cpu()
+            for j, i in enumerate(idx):
+                self.score_abs[i], self.n_keys[i] = score_abs[j], n_keys[j]
 
     def stacked(self, *, align: str = "right") -> torch.Tensor:
         """All layers as one (L, B, H, S) float32 tensor, layer order.
@@ -69,8 +111,11 @@ class AttentionSink:
         """
         if align not in ("left", "right"):
             raise ValueError(f"align must be 'left' or 'right', got {align!r}")
+        self.finish()
         rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, S_l)
         s = max(r.shape[-1] for r in rows)
+        if all(r.shape[-1] == s for r in rows):
+            return torch.stack(rows)
         pad = (lambda n: (0, n)) if align == "left" else (lambda n: (n, 0))
         return torch.stack([torch.nn.functional.pad(r, pad(s - r.shape[-1])) for r in rows])
 
@@ -148,18 +193,10 @@ def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
             scaling = query.shape[-1] ** -0.5
         layer = module.layer_idx
         with torch.no_grad():
-            scores, valid = last_query_scores(query, key, scaling, attention_mask)
-            sink.rows[layer] = _softmax(scores, valid)
+            # the softmax and the lens's score metrics wait for the forward's end, where
+            # AttentionSink.finish does every layer at once
+            sink.pending[layer] = last_query_scores(query, key, scaling, attention_mask)
             if sink.lens:
-                B, H, S = scores.shape
-                if valid is None:
-                    sink.score_abs[layer] = scores.abs().mean(-1)  # (B, H)
-                    sink.n_keys[layer] = torch.full((B,), S, dtype=torch.long)
-                else:
-                    n = valid.sum(-1)  # (B, 1)
-                    total = scores.abs().masked_fill(~valid, 0.0).sum(-1)  # (B, H)
-                    sink.score_abs[layer] = total / n.clamp_min(1)
-                    sink.n_keys[layer] = n[:, 0].cpu()
                 # (B, T, H, D) from sdpa: each head's output at the last position
                 sink.heads[layer] = out[0][:, -1].float().cpu()  # (B, H, D)
     return out
@@ -198,9 +235,20 @@ def capturing(model: torch.nn.Module) -> Iterator[AttentionSink]:
 # -- the residual stream, for the logit lens ----------------------------------------------------
 
 
+_blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its decoder blocks
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's decoder blocks in order: the modules of the class transformers records
-    ``hidden_states`` from (``LlamaDecoderLayer``, ``GPT2Block``, …)."""
+    ``hidden_states`` from (``LlamaDecoderLayer``, ``GPT2Block``, …). Found once per model:
+    a walk over every module costs a millisecond, and the lens asks on every forward."""
+    found = _blocks.get(model)
+    if found is None:
+        found = _blocks[model] = _find_blocks(model)
+    return list(found)
+
+
+def _find_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     decoder = model.get_decoder()
     cls = getattr(decoder, "_can_record_outputs", None) or {}
     target = cls.get("hidden_states")

@@ -137,6 +137,8 @@ def forward(
             **kw,
         )
     seconds = time.perf_counter() - t0
+    if sink is not None:
+        sink.finish()
     attention = sink.stacked(align="left") if sink is not None and sink.rows else None
     recorded = LensCapture.of(sink, attention) if lens and attention is not None else None
     return Forward(out.last_hidden_state, attention, seconds, recorded)

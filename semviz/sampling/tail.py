@@ -86,18 +86,15 @@ def summarize(x: Tensor, gravity: Tensor | None = None, width: float = WIDTH) ->
         empty = torch.zeros(0)
         return {**out, "top": 0.0, "bottom": 0.0, "counts": empty.int(), "lse": empty}
     top, bottom = float(xf.max()), float(xf.min())
-    b = ((top - xf.double()) / width).floor().long().clamp(0, MAX_BINS - 1)  # (F,)
+    xd = xf.double()
+    b = ((top - xd) / width).floor().long().clamp(0, MAX_BINS - 1)  # (F,)
     n_bins = int(b.max()) + 1
     counts = torch.bincount(b, minlength=n_bins)  # (B,)
     upper = top - torch.arange(n_bins, dtype=torch.float64) * width  # (B,) each bin's top edge
     # logits at most `width` below their bin's top edge, except in the last merged bin: shift
     # by each bin's own maximum so no exponential underflows
-    bmax = torch.full((n_bins,), NEG_INF, dtype=torch.float64).scatter_reduce(
-        0, b, xf.double(), "amax"
-    )
-    sums = torch.zeros(n_bins, dtype=torch.float64).index_add_(
-        0, b, torch.exp(xf.double() - bmax[b])
-    )
+    bmax = torch.full((n_bins,), NEG_INF, dtype=torch.float64).scatter_reduce(0, b, xd, "amax")
+    sums = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, b, torch.exp(xd - bmax[b]))
     lse = torch.where(counts > 0, bmax + torch.log(sums), torch.full_like(upper, NEG_INF))
     out.update(top=top, bottom=bottom, counts=counts.int(), lse=lse.float())
     if gravity is not None:
