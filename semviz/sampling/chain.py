@@ -182,13 +182,17 @@ def _final(s: Tensor, t: float, kept: Tensor) -> tuple[Tensor, int, float, float
     kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
     if kept_idx.numel() == s.shape[0]:
         final = torch.softmax(s / t, -1)  # (K,)
+        q, v = final, s / t
     else:
-        z = torch.full(s.shape, NEG_INF)
-        z[kept_idx] = s[kept_idx] / t  # the same values as masking s/t: the same softmax
-        final = torch.softmax(z, -1)  # (K,)
-    arg = int(kept_idx[final[kept_idx].max(0).indices])  # first maximal index
-    h = float(entropy_stats(torch.log(final[kept_idx]))[0])  # over the kept: often few
-    f = float(-t * torch.logsumexp(s[kept_idx] / t, -1))
+        # the softmax over the kept alone, in index order: the same values whatever else the
+        # index set holds (the vocabulary or the recorded candidates), at the cost of the
+        # kept set rather than of K
+        v = s[kept_idx] / t  # (n,)
+        q = torch.softmax(v, -1)  # (n,)
+        final = torch.zeros(s.shape).index_copy_(0, kept_idx, q)  # (K,)
+    arg = int(kept_idx[q.max(0).indices])  # first maximal index
+    h = float(entropy_stats(torch.log(q))[0])  # over the kept: often few
+    f = float(-t * torch.logsumexp(v, -1))
     return final, arg, h, f, kept_idx.numel()
 
 
@@ -562,12 +566,18 @@ def choose(
 def _inverse_cdf(probs: Tensor, u: float) -> int:
     """Index at CDF position ``u·total`` of ``probs`` (K,) in stable descending order.
 
-    Only the head of the order that the CDF crosses is sorted (grown 8× until it holds
-    ``u·total``), so a wide final distribution costs a top-k, not a sort of the vocabulary.
-    The total is summed in index order, so the pick does not depend on the head's length.
+    Only the tokens that can be picked (probability > 0) are read, in index order, and only
+    the head of their order that the CDF crosses is sorted (grown 8× until it holds
+    ``u·total``): a final distribution over the vocabulary costs one pass to find its kept
+    tokens, then work on those alone. The total is summed over them in index order, so the
+    pick depends neither on the head's length nor on how many zeros surround them.
     """
     p = probs.double()  # (K,)
-    n = max(int(torch.count_nonzero(p > 0)), 1)  # tokens that can be picked
+    live = torch.nonzero(p > 0).flatten()  # (n,) ascending: the tokens that can be picked
+    if live.numel() == 0:
+        return int(p.max(0).indices)
+    p = p[live]  # (n,)
+    n = live.numel()
     target = torch.tensor([u * float(p.sum())], dtype=torch.float64, device=p.device)
     k = min(256, n)
     while True:
@@ -575,5 +585,5 @@ def _inverse_cdf(probs: Tensor, u: float) -> int:
         cdf = p[head].cumsum(0)  # (k',)
         pos = int(torch.searchsorted(cdf, target, right=True))
         if pos < cdf.numel() or k >= n:
-            return int(head[min(pos, n - 1, head.numel() - 1)])
+            return int(live[head[min(pos, n - 1, head.numel() - 1)]])
         k = min(8 * k, n)
