@@ -196,3 +196,25 @@ def test_presets():
         prune(torch.randn(100), p.params, gravity=torch.randn(100), state=SamplerState())
     with pytest.raises(ValueError, match="story"):
         get_preset("poem")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_final_distribution_and_pick_do_not_depend_on_the_tokens_around_the_kept(seed):
+    """Over the whole vocabulary or over a subset that holds the kept set, the final
+    probabilities of the kept tokens are the same floats and every draw picks the same
+    token: replay's exact what-if runs the chain over both and compares their picks."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(5000, generator=g) * 3  # (V,)
+    p = PruneParams(temperature=0.7, top_k=40)
+    sub = torch.sort(torch.randperm(5000, generator=g)[:700]).values  # (700,) ascending
+    top = torch.topk(x, 40).indices
+    sub = torch.unique(torch.cat([sub, top]))  # ascending, holds the top 40
+    whole, part = prune(x, p), prune(x[sub], p)
+    assert whole.n_kept == part.n_kept == 40
+    assert torch.equal(whole.index_probs["final"][sub], part.index_probs["final"])
+    assert whole.entropy_sampled == part.entropy_sampled
+    assert whole.free_energy == part.free_energy
+    for u in torch.rand(200, generator=g).tolist():
+        assert choose(whole, u, state=SamplerState()) == int(
+            sub[choose(part, u, state=SamplerState())]
+        )
