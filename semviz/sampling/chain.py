@@ -181,8 +181,8 @@ def _final(s: Tensor, t: float, kept: Tensor) -> tuple[Tensor, int, float, float
     index on ties), entropy and free energy, and the kept count."""
     kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
     if kept_idx.numel() == s.shape[0]:
-        final = torch.softmax(s / t, -1)  # (K,)
-        q, v = final, s / t
+        v = s / t  # (K,)
+        final = q = torch.softmax(v, -1)  # (K,)
     else:
         # the softmax over the kept alone, in index order: the same values whatever else the
         # index set holds (the vocabulary or the recorded candidates), at the cost of the
