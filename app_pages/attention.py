@@ -22,9 +22,12 @@ if page.need_trace(ctx):
     window = None
     if S > WINDOW:
         view = c3.segmented_control(
-            "Long context", ["binned", "window"], default="binned", key="att_view",
+            "Long context",
+            ["binned", "window"],
+            default="binned",
+            key="att_view",
             help=f"{S} cached positions: bin them, or show {WINDOW} at full resolution.",
-        )  # fmt: skip
+        )
         if view == "window":
             start = c3.slider("Window start", 0, S - WINDOW, S - WINDOW, key="att_win")
             window = (start, start + WINDOW)
@@ -43,14 +46,24 @@ if page.need_trace(ctx):
         )
         labels = ctx.context_labels(rec.cache_positions.tolist())
         rows = st.segmented_control(
-            "Rows", ["layers", "heads"], default="layers", key="att_rows",
-            format_func=lambda r: "a layer each (mean over the heads)" if r == "layers"
-            else "every head of every layer (model view)",
-        )  # fmt: skip
+            "Rows",
+            ["layers", "heads"],
+            default="layers",
+            key="att_rows",
+            format_func=lambda r: (
+                "a layer each (mean over the heads)"
+                if r == "layers"
+                else "every head of every layer (model view)"
+            ),
+        )
         fig = charts.attention_heatmap(
-            rec.attention.float().numpy(), labels, layers=layers, heads=heads, window=window,
+            rec.attention.float().numpy(),
+            labels,
+            layers=layers,
+            heads=heads,
+            window=window,
             per_head=rows == "heads",
-        )  # fmt: skip
+        )
         views.chart(fig, key="att_heatmap")
         att = rec.attention.float()  # (L, H, S)
         sink = float(att[..., 0].mean()) if int(rec.cache_positions[0]) == 0 else None

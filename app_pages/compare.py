@@ -55,9 +55,13 @@ def _start() -> None:
             raise ValueError("the model is not loaded")
         server.check_prompt(encode_prompt(ctx.lm, settings.prompt, settings.chat))
         task = CompareTask(
-            ctx.lm, settings.prompt, sides, steps=int(st.session_state["cmp_steps"]),
-            seed=int(settings.seed), chat=settings.chat,
-        )  # fmt: skip
+            ctx.lm,
+            settings.prompt,
+            sides,
+            steps=int(st.session_state["cmp_steps"]),
+            seed=int(settings.seed),
+            chat=settings.chat,
+        )
     except Exception as exc:  # shown above the results; nothing else is touched
         job.update(error=report(exc, "Compare"), running=False)
         return

@@ -13,14 +13,20 @@ if page.need_trace(ctx):
     res = views.shown_result(ctx, i)
     c1, c2, c3 = st.columns([1, 1, 1])
     mode = c1.segmented_control(
-        "Layout", ["side", "overlay"], default="side", key="dist_mode",
+        "Layout",
+        ["side", "overlay"],
+        default="side",
+        key="dist_mode",
         format_func=lambda m: "side by side" if m == "side" else "overlaid",
-    )  # fmt: skip
+    )
     axis = c2.segmented_control(
-        "Probability axis", ["linear", "log"], default="linear", key="dist_axis",
+        "Probability axis",
+        ["linear", "log"],
+        default="linear",
+        key="dist_axis",
         help="Log: each decade of probability gets the same height, so the tail of a peaked "
         "distribution shows instead of vanishing under the top token.",
-    )  # fmt: skip
+    )
     top = c3.slider("Candidates drawn", 5, 60, 30, step=5, key="dist_top")
     chosen = ctx.chosen(i) if res is not None else rec.chosen_rank
     labels = ctx.labels(rec.cand_ids[: max(top, chosen + 1)].tolist())

@@ -101,12 +101,14 @@ def _controls(df: pd.DataFrame) -> tuple[str, tuple, str] | None:
     c1, c3 = st.columns(2)
     knob = c1.selectbox("Knob", knobs, key="fr_knob")
     x = c3.selectbox(
-        "Diversity axis", [fr.AUTO, *fr.X_AXES], key="fr_x",
+        "Diversity axis",
+        [fr.AUTO, *fr.X_AXES],
+        key="fr_x",
         format_func=lambda a: "the best resolved (auto)" if a == fr.AUTO else fr.X_AXES[a],
         help="Auto opens on the axis whose range the settings share spans the most widths of "
         "a point's 95% CI: an axis that saturates, or on which the curves do not overlap, "
         "cannot tell the settings apart.",
-    )  # fmt: skip
+    )
     labels = list(dict.fromkeys(df.loc[df["knob"] == knob, "setting"]))
     picked = st.multiselect(  # a row of its own: the settings' specs are long
         "Settings (the first is A, the reference)", labels, default=labels, key="fr_settings"
@@ -140,12 +142,25 @@ def _frontier(path: str, df: pd.DataFrame) -> None:
         )
     _every_axis(s)
     st.caption(f"{s.n_prompts} prompts · {len(df[df['knob'] == knob])} continuations in the file")
-    cols = ["setting", "value", "coherence", "coherence_lo", "coherence_hi", "distinct_1",
-            "distinct_2", "cross_sim", "repetition", "short", "ppl", "prompts"]  # fmt: skip
+    cols = [
+        "setting",
+        "value",
+        "coherence",
+        "coherence_lo",
+        "coherence_hi",
+        "distinct_1",
+        "distinct_2",
+        "cross_sim",
+        "repetition",
+        "short",
+        "ppl",
+        "prompts",
+    ]
     st.dataframe(
         s.points[cols].rename(columns={"value": knob, "short": "<4 words", "ppl": "perplexity"}),
-        hide_index=True, width="stretch",
-    )  # fmt: skip
+        hide_index=True,
+        width="stretch",
+    )
     _samples(df[df["knob"] == knob], s, knob)
 
 
@@ -174,13 +189,15 @@ def _every_axis(s: fr.Summary) -> None:
     ]
     fmt = st.column_config.NumberColumn
     st.dataframe(
-        pd.DataFrame(rows), hide_index=True, width="stretch",
+        pd.DataFrame(rows),
+        hide_index=True,
+        width="stretch",
         column_config={
             "CI widths spanned": fmt(format="%.1f"),
             **{k: fmt(format="%+.3f") for k in ("coherence B − A", "95% CI lo", "95% CI hi")},
             **{k: fmt(format="%.3f") for k in ("matched from", "matched to")},
         },
-    )  # fmt: skip
+    )
 
 
 def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
@@ -188,9 +205,11 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
     pts = [(r["setting"], r["value"]) for r in s.points.to_dict("records")]
     c1, c2 = st.columns([2, 3])
     i = c1.selectbox(
-        "Point", range(len(pts)), key="fr_point",
+        "Point",
+        range(len(pts)),
+        key="fr_point",
         format_func=lambda k: f"{pts[k][0]} · {knob}={pts[k][1]:g}",
-    )  # fmt: skip
+    )
     setting, value = pts[i]
     rows = df[(df["setting"] == setting) & (df["value"] == value)]
     kinds = ["all", *sorted(rows["kind"].unique())]
@@ -200,10 +219,13 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
     show = rows[["prompt", "seed", "text", "coherence", "distinct_2", "repetition", "ppl"]]
     st.dataframe(
         show.rename(columns={"text": "continuation", "ppl": "perplexity"}),
-        hide_index=True, width="stretch",
-        column_config={"prompt": st.column_config.TextColumn(width="medium"),
-                       "continuation": st.column_config.TextColumn(width="large")},
-    )  # fmt: skip
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "prompt": st.column_config.TextColumn(width="medium"),
+            "continuation": st.column_config.TextColumn(width="large"),
+        },
+    )
 
 
 # -- a sweep from the page ------------------------------------------------------------------
@@ -216,8 +238,9 @@ def _keep(task: FrontierTask, error: str | None) -> None:
     if task.finished and res is not None:
         w = task.workers
         where = f" on {w} Ray worker{'s' if w > 1 else ''}" if w else ""
-        job["result"] = (f"{res.new_rows} new rows{where}, {res.skipped_rows} already there"
-                         + (" · stopped" if res.stopped else ""))  # fmt: skip
+        job["result"] = f"{res.new_rows} new rows{where}, {res.skipped_rows} already there" + (
+            " · stopped" if res.stopped else ""
+        )
 
 
 def _start() -> None:
@@ -231,16 +254,22 @@ def _start() -> None:
         specs = [ss["fr_a"], ss["fr_b"], *([ss["fr_c"]] if ss["fr_c"].strip() else [])]
         values = tuple(float(v) for v in ss["fr_values"].split(",") if v.strip())
         cfg = fr.SweepConfig(
-            settings=tuple(parse_side(s) for s in specs), knob=ss["fr_new_knob"], values=values,
-            split=ss["fr_split"], n_prompts=int(ss["fr_n"]), seeds=int(ss["fr_seeds"]),
-            new_tokens=int(ss["fr_tokens"]), chat=ctx.settings.chat,
-        )  # fmt: skip
+            settings=tuple(parse_side(s) for s in specs),
+            knob=ss["fr_new_knob"],
+            values=values,
+            split=ss["fr_split"],
+            n_prompts=int(ss["fr_n"]),
+            seeds=int(ss["fr_seeds"]),
+            new_tokens=int(ss["fr_tokens"]),
+            chat=ctx.settings.chat,
+        )
         out = ss["fr_out"].strip() or fr.DEFAULT_OUT
     except Exception as exc:
         job["error"] = report(exc, "the sweep")
         return
-    task = FrontierTask(ctx.lm, cfg, out, workers=int(ss.get("fr_workers", 0)),
-                        model=ctx.settings.model_name())  # fmt: skip
+    task = FrontierTask(
+        ctx.lm, cfg, out, workers=int(ss.get("fr_workers", 0)), model=ctx.settings.model_name()
+    )
     job["out"] = out
     # a sweep's one unit is the whole sweep: a thread of the task panel runs it
     work.start(ctx.sess, "fr", task, on_tick=_keep, background=True)
@@ -263,21 +292,27 @@ def _sweep_form() -> None:
         c3.text_input("Setting C (optional)", "", key="fr_c")
         c1.selectbox("Knob", list(fr.KNOBS), key="fr_new_knob")
         c2.text_input("Values", "0.7,1.0,1.3", key="fr_values")
-        c3.selectbox("Prompt half", ["dev", "test"], key="fr_split",
-                     help="Tune on dev; report on test.")  # fmt: skip
+        c3.selectbox(
+            "Prompt half", ["dev", "test"], key="fr_split", help="Tune on dev; report on test."
+        )
         c1.number_input("Prompts", 1, 24, 12, key="fr_n")
         c2.number_input("Seeds", 1, 8, 2, key="fr_seeds")
         c3.number_input("New tokens", 4, 256, 48, key="fr_tokens")
         c1, c2 = st.columns([3, 1])
         c1.text_input("Write results to", fr.DEFAULT_OUT, key="fr_out")
         c2.number_input(
-            "Ray workers", 0, 64, 0, key="fr_workers",
+            "Ray workers",
+            0,
+            64,
+            0,
+            key="fr_workers",
             help="0 runs the sweep here, on the sidebar's model. N hands its batches to N "
             "workers of a local Ray started for it, each loading the model once "
             "(`python -m semviz frontier --workers N`).",
-        )  # fmt: skip
-        st.button("Run sweep", type="primary", on_click=_start, disabled=job["running"],
-                  key="fr_run")  # fmt: skip
+        )
+        st.button(
+            "Run sweep", type="primary", on_click=_start, disabled=job["running"], key="fr_run"
+        )
         work.panel(ctx.sess, "fr", _finished)
 
 

@@ -58,25 +58,39 @@ def _steps(total: int) -> None:
 
 
 clicks.counted_button(
-    "Step", key="btn_step", acted=sess.step_clicks, on_clicks=_steps, where=bar,
+    "Step",
+    key="btn_step",
+    acted=sess.step_clicks,
+    on_clicks=_steps,
+    where=bar,
     disabled=job is not None and job.kind != "step",  # Steps during a Step job queue on it
     help="Decode one token with the current sliders.",
-)  # fmt: skip
+)
 bar.button(
-    f"Run {settings.run_n}", key="btn_run", disabled=job is not None, on_click=_act,
-    args=("run",), help="Decode this many tokens (set N in the sidebar).",
-)  # fmt: skip
+    f"Run {settings.run_n}",
+    key="btn_run",
+    disabled=job is not None,
+    on_click=_act,
+    args=("run",),
+    help="Decode this many tokens (set N in the sidebar).",
+)
 if job is not None:  # here, not beside the progress: the buttons stay put while it streams
     page.stop_button(sess, bar, "Pause" if job.kind == "play" else "Stop", "content")
 else:
     bar.button(
-        "Play", key="btn_play", on_click=_act, args=("play",),
+        "Play",
+        key="btn_play",
+        on_click=_act,
+        args=("play",),
         help="Decode until Pause, the end of text or the token limit.",
-    )  # fmt: skip
+    )
 bar.button(
-    "Reset", key="btn_reset", on_click=_act, args=("reset",),
+    "Reset",
+    key="btn_reset",
+    on_click=_act,
+    args=("reset",),
     help="Start over from the prompt (stops any task).",
-)  # fmt: skip
+)
 color_by = (
     bar.segmented_control(
         "Colour tokens by",
@@ -84,7 +98,7 @@ color_by = (
         default="probability",
         key="color_by",
         label_visibility="collapsed",
-    )  # fmt: skip
+    )
     or "probability"
 )
 
@@ -178,9 +192,12 @@ def live() -> None:
         )
     if tr.steps:
         views.token_strip(
-            ctx, color_by, ghost=_ghost_payload(), on_select=_select,
+            ctx,
+            color_by,
+            ghost=_ghost_payload(),
+            on_select=_select,
             on_branch=_branch if j is None else None,
-        )  # fmt: skip
+        )
 
 
 if ctx.params is not None:
@@ -207,11 +224,16 @@ if len(bs) > 1:
         return f"{i} · {escape.markdown(bs[i].note)}"
 
     st.radio(
-        "Branches", list(range(len(bs))), key="branch_pick", format_func=_label,
-        horizontal=True, on_change=_switch, args=("branch_pick",),
+        "Branches",
+        list(range(len(bs))),
+        key="branch_pick",
+        format_func=_label,
+        horizontal=True,
+        on_change=_switch,
+        args=("branch_pick",),
         disabled=runner.job(sess) is not None,
         help="Every branch keeps its own decoder and cache: switching back is instant.",
-    )  # fmt: skip
+    )
 
 
 def _rewind(k: int) -> None:
@@ -274,18 +296,26 @@ if ctx.steps and runner.job(sess) is None:
         alt_ids = [int(t) for t in rec.cand_ids[:10].tolist() if int(t) != rec.token_id]
         b1, b2 = st.columns([3, 2], vertical_alignment="bottom")
         b1.selectbox(
-            "Branch here with", alt_ids, key="branch_tok",
+            "Branch here with",
+            alt_ids,
+            key="branch_tok",
             format_func=lambda t: display_token(ctx.labels([t])[0]),
             help="Take this token at this step instead, keep the current branch, and decode "
             "on as far as the run went. Clicking a row in a token's hover card does the same.",
-        )  # fmt: skip
+        )
         b2.button(
-            "Branch", key="btn_branch", on_click=_branch_here, args=(i, "branch_tok"),
+            "Branch",
+            key="btn_branch",
+            on_click=_branch_here,
+            args=(i, "branch_tok"),
             width="stretch",
-        )  # fmt: skip
+        )
         st.button(
-            f"Rewind to step {i}", key="btn_rewind", on_click=_rewind, args=(i,),
+            f"Rewind to step {i}",
+            key="btn_rewind",
+            on_click=_rewind,
+            args=(i,),
             help="Drop this step and everything after it; the next Step decides it again "
             "with the current sliders.",
-        )  # fmt: skip
+        )
     views.all_removed_warning(ctx, i)

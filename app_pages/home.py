@@ -80,11 +80,14 @@ c1, c2, c3 = st.columns(3, gap="medium")
 with c1.container(border=True):
     st.subheader(":material/edit: Try a prompt")
     st.text_area(
-        "Prompt", key="home_prompt", height=110, label_visibility="collapsed",
+        "Prompt",
+        key="home_prompt",
+        height=110,
+        label_visibility="collapsed",
         max_chars=nav.PROMPT_BOX_CHARS,
         placeholder="Type a prompt, or leave this empty for the default one "
         "(a sentence about the sea).",
-    )  # fmt: skip
+    )
     st.button("Generate", key="home_go", type="primary", on_click=_try_prompt, width="stretch")
     st.caption("Opens Generate and decodes, one token at a time, with the current sliders.")
 with c2.container(border=True):
@@ -99,9 +102,13 @@ with c3.container(border=True):
     st.caption("Recorded with the default model; they open at once, with no model run.")
     for ex in examples.available():
         st.button(
-            ex.title, key=f"home_ex_{ex.name}", on_click=_open_example, args=(ex.name,),
-            help=ex.blurb or None, width="stretch",
-        )  # fmt: skip
+            ex.title,
+            key=f"home_ex_{ex.name}",
+            on_click=_open_example,
+            args=(ex.name,),
+            help=ex.blurb or None,
+            width="stretch",
+        )
 
 error = getattr(st.session_state.get("semviz"), "error", None)
 if error:

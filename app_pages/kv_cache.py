@@ -52,9 +52,11 @@ if page.need_trace(ctx):
     layer = 0
     if n_layers > 1:
         layer = st.selectbox(
-            "Layer", list(range(n_layers)), key="kv_layer",
+            "Layer",
+            list(range(n_layers)),
+            key="kv_layer",
             help="Each layer keeps its own positions; the timeline shows one layer's cache.",
-        )  # fmt: skip
+        )
     sel = sess.selected_step()
     st.plotly_chart(
         charts.kv_timeline_figure(tr.steps, n_positions=n_pos, layer=layer, selected=sel),

@@ -93,20 +93,25 @@ if page.need_trace(ctx):
             diff = ba.attn[0] - ba.attn[1] if len(names) > 1 else ba.attn[0]
             c1, c2 = st.columns([1, 1])
             layer = c1.selectbox(
-                "Layer to split by head", list(range(L)), index=int(diff.argmax()),
+                "Layer to split by head",
+                list(range(L)),
+                index=int(diff.argmax()),
                 key="lens_layer",
                 help="Default: the layer whose attention favoured the chosen token most.",
-            )  # fmt: skip
+            )
             ha = lens.head_attribution(lm, rec, int(layer))
             views.chart(charts.head_contributions_figure(ha, names), key="lens_heads")
             if rec.attention is not None:
                 ctx_labels = ctx.context_labels(rec.cache_positions.tolist())
                 st.html(
                     headview.head_view_html(
-                        rec.attention[int(layer)].float().numpy(), ctx_labels,
-                        query=ctx_labels[-1], layer=int(layer), key="lens-hv",
+                        rec.attention[int(layer)].float().numpy(),
+                        ctx_labels,
+                        query=ctx_labels[-1],
+                        layer=int(layer),
+                        key="lens-hv",
                     )
-                )  # fmt: skip
+                )
             bt = lens.block_tokens(lm, rec, k=6)
             part = c2.selectbox("Block", bt.names, index=len(bt.names) - 1, key="lens_part")
             j = bt.names.index(part)
@@ -128,9 +133,11 @@ if page.need_trace(ctx):
             st.subheader("Attention metrics (entropix), step by step")
             n_layers = int(tr.model.get("num_layers") or 1)
             which = st.selectbox(
-                "Attention of", ["last layer", "mean of every layer"], key="lens_att_layer",
+                "Attention of",
+                ["last layer", "mean of every layer"],
+                key="lens_att_layer",
                 help="entropix reads the last layer's attention.",
-            )  # fmt: skip
+            )
             series = lens.attention_series(tr, layer=-1 if which == "last layer" else None)
             df = charts.step_frame(tr)
             views.step_chart(

@@ -41,10 +41,11 @@ if ids is not None:
     # of the typed text alone: the chat template's tokens are not the user's characters
     typed = len(lm.tokenizer(ctx.settings.prompt, add_special_tokens=False)["input_ids"])
     m[2].metric(
-        "characters per token", f"{n_chars / max(typed, 1):.2f}",
+        "characters per token",
+        f"{n_chars / max(typed, 1):.2f}",
         help=f"The typed text alone: {typed:,} tokens. The model input adds the chat "
         "template's tokens, when the chat template is on.",
-    )  # fmt: skip
+    )
     m[3].metric("vocabulary", f"{summary['vocab_size']:,}")
     chips = " ".join(
         f'<span class="semviz-chip" title="id {i}" style="background:{style.chip_background(k)}">'

@@ -85,10 +85,24 @@ else:
     stages = charts.step_stages(rec, res)
 
     c0, c1, c2 = st.columns([1, 14, 1], vertical_alignment="center")
-    c0.button("◀", key="pres_prev", on_click=_move, args=(i - 1,), disabled=i == 0,
-              shortcut="Left", help="Previous step (← key)")  # fmt: skip
-    c2.button("▶", key="pres_next", on_click=_move, args=(i + 1,), disabled=i == n - 1,
-              shortcut="Right", help="Next step (→ key)")  # fmt: skip
+    c0.button(
+        "◀",
+        key="pres_prev",
+        on_click=_move,
+        args=(i - 1,),
+        disabled=i == 0,
+        shortcut="Left",
+        help="Previous step (← key)",
+    )
+    c2.button(
+        "▶",
+        key="pres_next",
+        on_click=_move,
+        args=(i + 1,),
+        disabled=i == n - 1,
+        shortcut="Right",
+        help="Next step (→ key)",
+    )
     c1.html(
         f"<p class='semviz-title'>Step {i} of {n} (numbered 0–{n - 1}) → "
         f"<span class='semviz-focus'>{html.escape(charts.display_token(token))}</span></p>"
@@ -124,13 +138,20 @@ else:
     labels = ctx.labels(cand[: max(SHOWN, chosen + 1)])
     keep = {k: stages[k] for k in ("raw", "final") if k in stages}
     fig = charts.distribution_figure(
-        labels, keep, chosen=chosen if chosen >= 0 else None, mode="overlay", top=SHOWN,
+        labels,
+        keep,
+        chosen=chosen if chosen >= 0 else None,
+        mode="overlay",
+        top=SHOWN,
         horizontal=True,
-    )  # fmt: skip
+    )
     fig.update_layout(
-        height=None, autosize=True, font={"size": 18}, legend={"font": {"size": 18}},
+        height=None,
+        autosize=True,
+        font={"size": 18},
+        legend={"font": {"size": 18}},
         margin={"l": 10, "r": 20, "t": 36, "b": 10},
-    )  # fmt: skip
+    )
     fig.update_yaxes(tickfont={"size": 20}, dtick=1)  # every candidate labelled
     fig.update_xaxes(tickfont={"size": 16}, title={"text": "probability", "font": {"size": 18}})
     with st.container(key="pres_chart"):

@@ -60,8 +60,9 @@ else:
     if trace is None:
         st.info("Upload a trace JSON (written by the app, `trace` or `report`) to see its report.")
     elif len(trace.steps) > 1:
-        selected = st.slider("Selected step", 0, len(trace.steps) - 1, len(trace.steps) - 1,
-                             key="report_step")  # fmt: skip
+        selected = st.slider(
+            "Selected step", 0, len(trace.steps) - 1, len(trace.steps) - 1, key="report_step"
+        )
 
 if trace is not None:
     tok = ctx.lm.tokenizer if ctx.lm is not None else None
@@ -70,10 +71,12 @@ if trace is not None:
     wi = None
     if source == "the current run" and ctx.wi is not None and page.params_changed(ctx):
         shows = st.radio(
-            "Show", ["the what-if under the current sliders", "the recorded run"],
-            horizontal=True, key="report_state",
+            "Show",
+            ["the what-if under the current sliders", "the recorded run"],
+            horizontal=True,
+            key="report_state",
             help="The other pages show the what-if while the sliders differ from the run's.",
-        )  # fmt: skip
+        )
         wi = ctx.wi if shows.startswith("the what-if") else None
     kind, sentence = report.shown_state(wi)
     views.state_badge(kind, sentence)
@@ -81,8 +84,11 @@ if trace is not None:
     vs = report.views(trace, tokenizer=tok, selected=selected, whatif=wi, lm=lm)
     m = run_metrics(trace).to_dict()
     cols = st.columns(5)
-    for c, k in zip(cols, ("distinct_1", "distinct_2", "repetition_rate", "mean_entropy",
-                           "pruning_ratio"), strict=True):  # fmt: skip
+    for c, k in zip(
+        cols,
+        ("distinct_1", "distinct_2", "repetition_rate", "mean_entropy", "pruning_ratio"),
+        strict=True,
+    ):
         c.metric(METRIC_INFO[k][0], "–" if m[k] is None else f"{m[k]:.3f}")
     st.caption(
         f"metrics of the recorded tokens · model **{escape.markdown(trace.model.get('name', '?'))}** · "
@@ -96,8 +102,9 @@ if trace is not None:
     # -- build and download --------------------------------------------------------------------
     st.subheader("Build the report")
     c1, c2, c3 = st.columns([2, 1, 1])
-    pngs = c1.toggle("One PNG per chart (takes a few seconds a chart)", value=True,
-                     key="report_png")  # fmt: skip
+    pngs = c1.toggle(
+        "One PNG per chart (takes a few seconds a chart)", value=True, key="report_png"
+    )
     build = c2.button("Build report", type="primary", key="report_build")
     c3.button("Stop", key="report_stop", help="Ends the PNG export after the current image.")
     if build:
@@ -112,8 +119,16 @@ if trace is not None:
         with tempfile.TemporaryDirectory(prefix="semviz-report-") as tmp:
             out = Path(tmp)
             try:
-                report.build(trace, out, tokenizer=tok, selected=selected, png=pngs,
-                             progress=progress, whatif=wi, lm=lm)  # fmt: skip
+                report.build(
+                    trace,
+                    out,
+                    tokenizer=tok,
+                    selected=selected,
+                    png=pngs,
+                    progress=progress,
+                    whatif=wi,
+                    lm=lm,
+                )
                 store["done"] = True
             except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
                 log.error("The report was not finished", exc_info=exc)
@@ -128,9 +143,12 @@ if trace is not None:
             icon=":material/inventory_2:",
         )
         st.download_button(
-            "Download report.zip", store["zip"], file_name="semviz-report.zip",
-            mime="application/zip", key="report_download",
-        )  # fmt: skip
+            "Download report.zip",
+            store["zip"],
+            file_name="semviz-report.zip",
+            mime="application/zip",
+            key="report_download",
+        )
 
     # -- the views -----------------------------------------------------------------------------
     st.divider()

@@ -59,9 +59,11 @@ if page.need_trace(ctx):
         st.subheader("Attention metrics (entropix) beside the logits' entropy")
         if any(r.attn_metrics is not None for r in ctx.trace.steps):
             which = st.selectbox(
-                "Attention of", ["last layer", "mean of every layer"], key="thermo_att_layer",
+                "Attention of",
+                ["last layer", "mean of every layer"],
+                key="thermo_att_layer",
                 help="entropix reads the last layer's attention.",
-            )  # fmt: skip
+            )
             series = lens.attention_series(ctx.trace, layer=-1 if which == "last layer" else None)
             views.step_chart(
                 ctx,

@@ -49,7 +49,10 @@ if page.need_trace(ctx):
     st.subheader("The log")
     st.dataframe(log, hide_index=True, width="stretch", height=260)
     st.download_button(
-        "Download the log (CSV)", log.to_csv(index=False), file_name="entropy_log.csv",
-        mime="text/csv", key="tour2_csv",
-    )  # fmt: skip
+        "Download the log (CSV)",
+        log.to_csv(index=False),
+        file_name="entropy_log.csv",
+        mime="text/csv",
+        key="tour2_csv",
+    )
 tour.footer(2)

@@ -26,12 +26,23 @@ if page.need_trace(ctx):
     df = charts.step_frame(ctx.trace)
     h = df["entropy"].to_numpy()
     hi = float(max(h.max(), h.min() + 0.1))
-    cut = st.slider("Threshold (nats)", 0.0, round(hi + 0.5, 1), round(float(np.median(h)), 2),
-                    step=0.05, key="tour3_cut", help="Starts at the median entropy.")  # fmt: skip
+    cut = st.slider(
+        "Threshold (nats)",
+        0.0,
+        round(hi + 0.5, 1),
+        round(float(np.median(h)), 2),
+        step=0.05,
+        key="tour3_cut",
+        help="Starts at the median entropy.",
+    )
     fig = go.Figure(go.Histogram(x=h, nbinsx=30, marker_color=style.ENTROPY, name="steps"))
     fig.add_vline(x=cut, line={"color": style.REFERENCE, "width": 3, "dash": "dash"})
-    fig.update_layout(height=300, xaxis_title="entropy, nats", yaxis_title="steps",
-                      margin={"l": 50, "r": 20, "t": 20, "b": 40})  # fmt: skip
+    fig.update_layout(
+        height=300,
+        xaxis_title="entropy, nats",
+        yaxis_title="steps",
+        margin={"l": 50, "r": 20, "t": 20, "b": 40},
+    )
     views.chart(fig, key="tour3_hist")
     st.caption("The dashed line is the threshold.")
     low, high = df[df["entropy"] < cut], df[df["entropy"] >= cut]

@@ -35,14 +35,18 @@ shows how far), and the steps whose choice would change are marked.
 c1, c2 = st.columns(2)
 with c1:
     tour.apply(
-        tour.GRAVITY_ON, label="Turn on gravity as a rerank (λ = 0.5)", key="tour4_apply",
+        tour.GRAVITY_ON,
+        label="Turn on gravity as a rerank (λ = 0.5)",
+        key="tour4_apply",
         help="Sets only the gravity sliders; every other slider keeps its value.",
-    )  # fmt: skip
+    )
 with c2:
     tour.apply(
-        tour.GRAVITY_OFF, label="Turn gravity off (λ = 0)", key="tour4_back",
+        tour.GRAVITY_OFF,
+        label="Turn gravity off (λ = 0)",
+        key="tour4_back",
         help="Sets λ to 0; every other slider keeps its value.",
-    )  # fmt: skip
+    )
 if page.need_trace(ctx):
     p = ctx.params
     if p is None or p.gravity_lambda == 0:
@@ -75,10 +79,11 @@ if page.need_trace(ctx):
             labels = ctx.labels(rec.cand_ids[:200].tolist())
             st.subheader(f"Step {i}: ranks before and after gravity")
             views.chart(
-                charts.rank_shift_figure(labels, stages["raw"][:200], stages["gravity"][:200],
-                                         top=15),
+                charts.rank_shift_figure(
+                    labels, stages["raw"][:200], stages["gravity"][:200], top=15
+                ),
                 key="tour4_rankshift",
-            )  # fmt: skip
+            )
         views.gravity_terms(ctx, i, key="tour4_terms")
         wi = ctx.wi
         if wi is not None:

@@ -30,8 +30,7 @@ def _setup() -> None:
         st.session_state.pop(k, None)
 
 
-st.button("Set up this A/B on the Compare page", type="primary", key="tour5_setup",
-          on_click=_setup)  # fmt: skip
+st.button("Set up this A/B on the Compare page", type="primary", key="tour5_setup", on_click=_setup)
 st.page_link("app_pages/compare.py", label="Open Compare", icon=":material/compare_arrows:")
 st.code(
     f'python -m semviz compare --prompt "{ctx.settings.prompt}" --a "{tour.BASELINE_SPEC}" '
