@@ -45,8 +45,12 @@ def run(args) -> None:
 
     def make(i: int) -> Decoder:
         s = Settings.from_query_params(settings_of(i))
-        return Decoder(lm, s.prompt, s.prune_params(),
-                       DecodeSettings(seed=s.seed, max_new_tokens=4096, chat=s.chat))  # fmt: skip
+        return Decoder(
+            lm,
+            s.prompt,
+            s.prune_params(),
+            DecodeSettings(seed=s.seed, max_new_tokens=4096, chat=s.chat),
+        )
 
     def phase(step_one) -> tuple[list[Decoder], float]:
         decs = [make(i) for i in range(args.sessions)]

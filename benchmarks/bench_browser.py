@@ -67,10 +67,22 @@ def start_server(port: int) -> subprocess.Popen:
     env.setdefault("OMP_NUM_THREADS", "1")
     streamlit = Path(sys.executable).with_name("streamlit")
     proc = subprocess.Popen(
-        [str(streamlit), "run", "app.py", "--server.port", str(port), "--server.headless",
-         "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(streamlit),
+            "run",
+            "app.py",
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -186,8 +198,12 @@ def step_first_token(browser, reps: int) -> dict:
         Decoder(lm, prompt, PruneParams(temperature=0.8), DecodeSettings(seed=0)).step()
         model_ms.append(1e3 * (time.perf_counter() - t))
     b, m = statistics.median(browser_ms), statistics.median(model_ms)
-    return {"step_click_to_token_ms": b, "step_click_max_ms": max(browser_ms),
-            "model_prefill_and_step_ms": m, "ratio": b / m}  # fmt: skip
+    return {
+        "step_click_to_token_ms": b,
+        "step_click_max_ms": max(browser_ms),
+        "model_prefill_and_step_ms": m,
+        "ratio": b / m,
+    }
 
 
 def open_run(browser, query: dict, width: int = 1440) -> tuple:
@@ -218,8 +234,11 @@ def slider_moves(browser, steps: int, moves: int) -> dict:
             t0 = now(page)
             page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight")
             moved.append(settle(page, t0))
-            t1 = wait_for(page, "!(document.querySelector('.semviz-strip .pending') || "
-                          "{textContent: ''}).textContent.includes('decoding')")  # fmt: skip
+            t1 = wait_for(
+                page,
+                "!(document.querySelector('.semviz-strip .pending') || "
+                "{textContent: ''}).textContent.includes('decoding')",
+            )
             ghost.append(t1 - t0)
             quiet(page)
     finally:
@@ -284,10 +303,11 @@ def main() -> None:
     ap.add_argument("--url", default=None, help="time a running app instead of starting one")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
-        "--parts", default="first,step,slider,pages",
+        "--parts",
+        default="first,step,slider,pages",
         help="what to time, comma-separated: first (first token from the root URL), step "
         "(Step on a new prompt, warm), slider, pages",
-    )  # fmt: skip
+    )
     ap.add_argument("--reps", type=int, default=5, help="Steps on new prompts (part step)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -333,20 +353,26 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     if "first_token_cold_s" in out:
-        print(f"first token from the root URL: cold {out['first_token_cold_s']:.2f} s, "
-              f"warm {out['first_token_warm_s']:.2f} s")  # fmt: skip
+        print(
+            f"first token from the root URL: cold {out['first_token_cold_s']:.2f} s, "
+            f"warm {out['first_token_warm_s']:.2f} s"
+        )
     if "step" in out:
         st = out["step"]
-        print(f"Step on a new prompt, warm, click to first token: {st['step_click_to_token_ms']:.0f}"
-              f" ms median of {args.reps} (max {st['step_click_max_ms']:.0f}; goal < 1000); the "
-              f"model's prefill and first step {st['model_prefill_and_step_ms']:.0f} ms, "
-              f"ratio {st['ratio']:.2f}x")  # fmt: skip
+        print(
+            f"Step on a new prompt, warm, click to first token: {st['step_click_to_token_ms']:.0f}"
+            f" ms median of {args.reps} (max {st['step_click_max_ms']:.0f}; goal < 1000); the "
+            f"model's prefill and first step {st['model_prefill_and_step_ms']:.0f} ms, "
+            f"ratio {st['ratio']:.2f}x"
+        )
     if "slider" in out:
         s = out["slider"]
-        print(f"slider move, {s['steps']}-step trace: settled {s['slider_settled_ms']:.0f} ms "
-              f"(max {s['slider_settled_max_ms']:.0f}), plain rerun {s['plain_rerun_ms']:.0f} "
-              f"ms, ratio {s['slider_vs_plain']:.2f}x; ghost continuation complete "
-              f"{s['ghost_complete_ms']:.0f} ms")  # fmt: skip
+        print(
+            f"slider move, {s['steps']}-step trace: settled {s['slider_settled_ms']:.0f} ms "
+            f"(max {s['slider_settled_max_ms']:.0f}), plain rerun {s['plain_rerun_ms']:.0f} "
+            f"ms, ratio {s['slider_vs_plain']:.2f}x; ghost continuation complete "
+            f"{s['ghost_complete_ms']:.0f} ms"
+        )
     if "pages_short_ms" not in out:
         return
     print(f"page render (click to idle), short prompt vs {args.long}-token prompt:")

@@ -163,9 +163,17 @@ def main() -> None:
                 choose(prune(cand, whatif_p, gravity=g, state=st, tail_logsumexp=tail), 0.5)
 
         # interleaved, so each ratio compares timings taken under the same machine load
-        fns = {"forward": forward, "head": head_plain, "core": core_step, "g64": g64,
-               "g4k": g4k, "g_unfused": g_unfused, "greedy": greedy, "plain": plain,
-               "replay": replay256}  # fmt: skip
+        fns = {
+            "forward": forward,
+            "head": head_plain,
+            "core": core_step,
+            "g64": g64,
+            "g4k": g4k,
+            "g_unfused": g_unfused,
+            "greedy": greedy,
+            "plain": plain,
+            "replay": replay256,
+        }
         ratios = {
             "greedy": ("greedy", "forward"),
             "plain": ("plain", "forward"),

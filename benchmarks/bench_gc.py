@@ -69,8 +69,10 @@ def main() -> int:
     with_run = collect_ms(args.repeat)
     gc.unfreeze()
     everything = collect_ms(args.repeat)  # imports, model and run all collectable
-    print(f"objects: {imports:,} from the imports (frozen in case 2 and 3), "
-          f"{len(gc.get_objects()) - imports:,} since (model, run)")  # fmt: skip
+    print(
+        f"objects: {imports:,} from the imports (frozen in case 2 and 3), "
+        f"{len(gc.get_objects()) - imports:,} since (model, run)"
+    )
     print(f"full collection, median of {args.repeat}:")
     print(f"  1. nothing frozen, model and a {dec.n_steps}-token run alive  {everything:8.1f} ms")
     print(f"     (the imports alone, before the model loaded       {thawed:8.1f} ms)")

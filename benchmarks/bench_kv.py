@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": lm.name, "early": args.early, "late": args.late, "rows": rows}))
         return 0
     print(f"{lm.name} ({args.dtype}), median of {args.steps} steps")
-    print(f"{'policy':<10} {'budget':>6} {'ms@' + str(args.early):>9} {'ms@' + str(args.late):>9} "
-          f"{'len@' + str(args.late):>9} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{'policy':<10} {'budget':>6} {'ms@' + str(args.early):>9} {'ms@' + str(args.late):>9} "
+        f"{'len@' + str(args.late):>9} {'ratio':>6}"
+    )
     for r in rows:
         print(
             f"{r['policy']:<10} {str(r['budget'] or '-'):>6} {r['early_ms']:>9.1f} "

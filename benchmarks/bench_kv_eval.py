@@ -128,16 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out))
         return 0 if not bad and worst < 1e-5 else 1
-    print(f"{lm.name} ({args.dtype}, {out['threads']} threads), {len(ids)} tokens, budget "
-          f"{args.budget}, policies {','.join(names)}")  # fmt: skip
+    print(
+        f"{lm.name} ({args.dtype}, {out['threads']} threads), {len(ids)} tokens, budget "
+        f"{args.budget}, policies {','.join(names)}"
+    )
     print(f"reference prefill      {ref:8.1f} s  (runs: {', '.join(f'{s:.1f}' for s in ref_s)})")
     print(f"one-token full pass    {one_pass_s:8.1f} s")
     print(f"batched kv-eval        {batched_s:8.1f} s")
     print(f"  / reference prefill  {batched_s / ref:8.2f}x")
     print(f"  / one-token pass     {batched_s / one_pass_s:8.2f}x  (goal <= 2.5x)")
-    print(f"{len(short)} tokens: batched {short_batched_s:.1f} s, unbatched {short_alone_s:.1f} s, "
-          f"ratio {short_batched_s / short_alone_s:.2f}x; largest relative difference "
-          f"{worst:.1e}{'; DIFFER: ' + ', '.join(bad) if bad else ''}")  # fmt: skip
+    print(
+        f"{len(short)} tokens: batched {short_batched_s:.1f} s, unbatched {short_alone_s:.1f} s, "
+        f"ratio {short_batched_s / short_alone_s:.2f}x; largest relative difference "
+        f"{worst:.1e}{'; DIFFER: ' + ', '.join(bad) if bad else ''}"
+    )
     return 0 if not bad and worst < 1e-5 else 1
 
 

@@ -39,9 +39,11 @@ def _decode(lm, steps: int, *, capture: bool) -> tuple[float, float, Decoder]:
     """Median seconds per decode step with the lens record on and off, alternating step by
     step in one decoder, so both see the same context lengths and the same machine load."""
     d = Decoder(
-        lm, PROMPT, PruneParams(temperature=0.8, top_p=0.95),
+        lm,
+        PROMPT,
+        PruneParams(temperature=0.8, top_p=0.95),
         DecodeSettings(max_new_tokens=2 * steps + 1, seed=0, capture=capture),
-    )  # fmt: skip
+    )
     d.eos_ids = set()  # decode the full length
     d.step()  # the prefill is not a decode step
     on, off = [], []
@@ -143,13 +145,19 @@ def main() -> None:
             f"decode step, {what}: lens off {r['step_ms_lens_off']:.1f} ms, on "
             f"{r['step_ms_lens_on']:.1f} ms, on/off {r['on_over_off']:.3f} (goal ≤ 1.05)"
         )
-    print(f"lens of one step on demand: {res['lens_step_ms']:.0f} ms (goal < 100 ms); "
-          f"logit_lens alone {res['logit_lens_ms']:.0f} ms")  # fmt: skip
-    print(f"grid of {len(steps)} steps: first {res['grid_first_s']:.2f} s (goal < 3 s), "
-          f"cached {res['grid_cached_ms']:.1f} ms (goal < 50 ms)")  # fmt: skip
-    print(f"  its LM-head product alone ({res['grid_gflop']:.0f} GFLOP): "
-          f"{res['grid_head_product_s']:.2f} s; grid / product "
-          f"{res['grid_first_s'] / res['grid_head_product_s']:.2f}")  # fmt: skip
+    print(
+        f"lens of one step on demand: {res['lens_step_ms']:.0f} ms (goal < 100 ms); "
+        f"logit_lens alone {res['logit_lens_ms']:.0f} ms"
+    )
+    print(
+        f"grid of {len(steps)} steps: first {res['grid_first_s']:.2f} s (goal < 3 s), "
+        f"cached {res['grid_cached_ms']:.1f} ms (goal < 50 ms)"
+    )
+    print(
+        f"  its LM-head product alone ({res['grid_gflop']:.0f} GFLOP): "
+        f"{res['grid_head_product_s']:.2f} s; grid / product "
+        f"{res['grid_first_s'] / res['grid_head_product_s']:.2f}"
+    )
     print(f"direct logit attribution of one step: {res['dla_ms']:.0f} ms")
     print(
         f"lens record per step: {mem / 1024:.1f} KiB in memory, {disk / 1024:.1f} KiB in the file"

@@ -53,8 +53,13 @@ PROMPT = "The old harbour town woke slowly that winter morning. Down by the wate
 
 def settings_of(i: int) -> dict[str, str]:
     """Session ``i``'s link: its own seed and temperature, a run long enough for any phase."""
-    return {"seed": str(100 + i), "temperature": f"{0.7 + 0.1 * (i % 5):.1f}",
-            "max_new_tokens": "4096", "chat": "0", "prompt": PROMPT}  # fmt: skip
+    return {
+        "seed": str(100 + i),
+        "temperature": f"{0.7 + 0.1 * (i % 5):.1f}",
+        "max_new_tokens": "4096",
+        "chat": "0",
+        "prompt": PROMPT,
+    }
 
 
 class RSS:
@@ -196,8 +201,15 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     for p, t0, t1, e in zip(pages, started, stopped, ended, strict=True):
         wait_idle(p)
         n = generated(p)
-        sessions.append({"tokens": n, "seconds": t1 - t0, "tok_s": n / (t1 - t0),
-                         "ended_early": e is not None, "text": strip_texts(p)})  # fmt: skip
+        sessions.append(
+            {
+                "tokens": n,
+                "seconds": t1 - t0,
+                "tok_s": n / (t1 - t0),
+                "ended_early": e is not None,
+                "text": strip_texts(p),
+            }
+        )
     cpu = cpu_seconds(pid) - cpu0
     browsers = browser_cpu_seconds(pid) - browsers0
     tokens = sum(s["tokens"] for s in sessions)
@@ -239,9 +251,11 @@ def check_tokens(res: dict, links: list[dict[str, str]]) -> None:
     from tests.e2e.test_sessions import alone
 
     lm = semviz.load_model(device="cpu")
-    runs = [*zip(res["alone_before"]["sessions"], [links[0]], strict=True),
-            *zip(res["together"]["sessions"], links, strict=True),
-            *zip(res["alone_after"]["sessions"], [links[0]], strict=True)]  # fmt: skip
+    runs = [
+        *zip(res["alone_before"]["sessions"], [links[0]], strict=True),
+        *zip(res["together"]["sessions"], links, strict=True),
+        *zip(res["alone_after"]["sessions"], [links[0]], strict=True),
+    ]
     for s, link in runs:
         s["same_as_decoder"] = same_tokens(s.pop("text"), alone(lm, link, s["tokens"]), s["tokens"])
 
@@ -266,12 +280,21 @@ def run(args) -> dict:
     from tests.e2e.test_browser import open_app, wait_idle
     from tests.e2e.test_sessions import query
 
-    env = {"SEMVIZ_SHARED": "1", "SEMVIZ_MAX_STEPS": "4096", "OMP_NUM_THREADS": str(args.threads),
-           "SEMVIZ_CLOSED_SECONDS": str(CLOSED_SECONDS),
-           "SEMVIZ_BATCH_SESSIONS": "1" if args.batch else "0"}  # fmt: skip
+    env = {
+        "SEMVIZ_SHARED": "1",
+        "SEMVIZ_MAX_STEPS": "4096",
+        "OMP_NUM_THREADS": str(args.threads),
+        "SEMVIZ_CLOSED_SECONDS": str(CLOSED_SECONDS),
+        "SEMVIZ_BATCH_SESSIONS": "1" if args.batch else "0",
+    }
     links = [settings_of(i) for i in range(args.sessions)]
-    res: dict = {"sessions": args.sessions, "seconds": args.seconds, "threads": args.threads,
-                 "batch_sessions": args.batch, "browser_nice": args.browser_nice}  # fmt: skip
+    res: dict = {
+        "sessions": args.sessions,
+        "seconds": args.seconds,
+        "threads": args.threads,
+        "batch_sessions": args.batch,
+        "browser_nice": args.browser_nice,
+    }
     with serve(env, log="bench_load_server.log") as (url, pid), sync_playwright() as pw:
         rss = RSS(pid)
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
@@ -311,16 +334,20 @@ def report(res: dict) -> None:
     """The result as lines of text: each phase, then the ratios, then memory."""
     for name in PHASES:
         ph = res[name]
-        print(f"{name.replace('_', ' ')}: {ph['total_tok_s']:.2f} tok/s in total, "
-              f"{ph['server_cpu_s_per_token']:.3f} server CPU-s per token, "
-              f"{ph['browser_cpu_s_per_token']:.3f} browsers' CPU-s per token, "
-              f"load average {ph['load_average_1min']:.2f}; cores used: server "
-              f"{ph['server_cores']:.2f}, browsers {ph['browser_cores']:.2f}")  # fmt: skip
+        print(
+            f"{name.replace('_', ' ')}: {ph['total_tok_s']:.2f} tok/s in total, "
+            f"{ph['server_cpu_s_per_token']:.3f} server CPU-s per token, "
+            f"{ph['browser_cpu_s_per_token']:.3f} browsers' CPU-s per token, "
+            f"load average {ph['load_average_1min']:.2f}; cores used: server "
+            f"{ph['server_cores']:.2f}, browsers {ph['browser_cores']:.2f}"
+        )
         for i, s in enumerate(ph["sessions"]):
             early = " (the run ended by itself)" if s["ended_early"] else ""
-            print(f"  session {i}: {s['tokens']:5d} tokens in {s['seconds']:.1f} s = "
-                  f"{s['tok_s']:.2f} tok/s{early}; same as a Decoder alone: "
-                  f"{s['same_as_decoder']}")  # fmt: skip
+            print(
+                f"  session {i}: {s['tokens']:5d} tokens in {s['seconds']:.1f} s = "
+                f"{s['tok_s']:.2f} tok/s{early}; same as a Decoder alone: "
+                f"{s['same_as_decoder']}"
+            )
     r = res["ratios"]
     from semviz.model.queue import lanes_for
 
@@ -329,27 +356,35 @@ def report(res: dict) -> None:
     batch = "forwards shared between sessions" if res["batch_sessions"] else "forwards alone"
     batch += f", {t} thread{'s' * (t > 1)} a forward, {lanes} lane{'s' * (lanes > 1)}"
     nice = f", tabs at niceness {res['browser_nice']}" if res["browser_nice"] else ""
-    print(f"{res['sessions']} sessions together over one alone (mean of before and after), "
-          f"{res['seconds']:.0f} s a phase, {batch}{nice}:")  # fmt: skip
+    print(
+        f"{res['sessions']} sessions together over one alone (mean of before and after), "
+        f"{res['seconds']:.0f} s a phase, {batch}{nice}:"
+    )
     print(f"  total tok/s                {r['total_tok_s']:.2f}x  (goal: at least 1)")
     print(f"  tok/s of each session      {r['tok_s_per_session']:.2f}x")
     print(f"  server CPU-s per token     {r['server_cpu_s_per_token']:.2f}x")
     print(f"  alone after / alone before {r['alone_after_over_before']:.2f}x  (drift of the load)")
     if any(s["ended_early"] for name in PHASES for s in res[name]["sessions"]):
         print("  (a run ended by itself: the total tok/s of its phase is a lower bound)")
-    print(f"server memory: {res['rss_idle_mb']:.0f} MB idle with the model, peak "
-          f"{res['rss_peak_alone_mb']:.0f} MB alone, {res['rss_peak_together_mb']:.0f} MB "
-          f"together, {res['rss_runs_held_mb']:.0f} MB with the runs held, "
-          f"{res['rss_after_close_mb']:.0f} MB after the tabs closed")  # fmt: skip
+    print(
+        f"server memory: {res['rss_idle_mb']:.0f} MB idle with the model, peak "
+        f"{res['rss_peak_alone_mb']:.0f} MB alone, {res['rss_peak_together_mb']:.0f} MB "
+        f"together, {res['rss_runs_held_mb']:.0f} MB with the runs held, "
+        f"{res['rss_after_close_mb']:.0f} MB after the tabs closed"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=8, help=f"1 to {MAX_SESSIONS}")
     ap.add_argument("--seconds", type=float, default=60.0, help=f"a phase, 5 to {MAX_SECONDS}")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="the server's torch threads a forward; the model's queue runs as many "
-                    "forwards side by side as the cores hold")  # fmt: skip
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="the server's torch threads a forward; the model's queue runs as many "
+        "forwards side by side as the cores hold",
+    )
     ap.add_argument(
         "--batch",
         action="store_true",

@@ -90,9 +90,13 @@ def main() -> None:
     from semviz.frontier.sweep import SweepConfig
 
     cfg = SweepConfig(
-        settings=(parse_side("min_p=0.1"),), values=(0.7, 1.3), n_prompts=args.prompts,
-        seeds=args.seeds, new_tokens=args.tokens, batch_rows=args.batch,
-    )  # fmt: skip
+        settings=(parse_side("min_p=0.1"),),
+        values=(0.7, 1.3),
+        n_prompts=args.prompts,
+        seeds=args.seeds,
+        new_tokens=args.tokens,
+        batch_rows=args.batch,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         one = _layout(cfg, args.model, 1, 2, Path(tmp) / "one.parquet")
         two = _layout(cfg, args.model, 2, 1, Path(tmp) / "two.parquet")
