@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: stopped.", file=sys.stderr)
         return 130
     except MemoryError:
-        print(f"{name}: out of memory; {_MEMORY_HINT.get(args.command, _MEMORY_HINT[''])}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{name}: out of memory; {_MEMORY_HINT.get(args.command, _MEMORY_HINT[''])}",
+            file=sys.stderr,
+        )
         return 2
     except user_errors() as exc:
         print(one_line(f"{name}: {_message(exc)}"), file=sys.stderr)

@@ -39,18 +39,22 @@ MEMORY_TOKENS = 4096  # the memory child repeats PROSE 64 times: about 6,000 tok
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="decoder vs plain generate(): tokens/s, memory, cold start")
     p.add_argument(
-        "--tokens", type=common.int_arg(1, 100_000), default=64,
+        "--tokens",
+        type=common.int_arg(1, 100_000),
+        default=64,
         help="new tokens per run (default 64)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--repeats", type=common.int_arg(1, 1000), default=3, help="interleaved repeats (median)"
     )
     p.add_argument("--prompt", default=PROSE, type=common.text_arg)
     p.add_argument("--memory", action="store_true", help="also measure 2,048-token prefill memory")
     p.add_argument(
-        "--memory-tokens", type=common.int_arg(16, MEMORY_TOKENS), default=2048,
+        "--memory-tokens",
+        type=common.int_arg(16, MEMORY_TOKENS),
+        default=2048,
         help=f"prompt tokens of the memory measurement (16 to {MEMORY_TOKENS:,})",
-    )  # fmt: skip
+    )
     p.add_argument("--cold-start", action="store_true", help="also time first vs second load")
     p.add_argument("--no-float32", action="store_true", help="skip the float32 generate() baseline")
     p.add_argument("--json", action="store_true")

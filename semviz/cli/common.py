@@ -86,13 +86,17 @@ def add_ray_args(p: argparse.ArgumentParser, what: str) -> None:
     """``--workers N`` and ``--address ADDR``: run ``what`` on Ray workers; without them no Ray
     is imported."""
     p.add_argument(
-        "--workers", type=int_arg(1, 4096), default=None,
+        "--workers",
+        type=int_arg(1, 4096),
+        default=None,
         help=f"run {what} on N Ray workers (a local Ray started here unless --address)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--address", type=ray_address, default=None,
+        "--address",
+        type=ray_address,
+        default=None,
         help="join this Ray cluster (auto, local or host:port)",
-    )  # fmt: skip
+    )
 
 
 def add_force_arg(p: argparse.ArgumentParser) -> None:

@@ -38,13 +38,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--b", default=None, type=text, help='side B, e.g. "top_p=0.9,gravity_lambda=0.5"'
     )
     p.add_argument(
-        "--side", action="append", default=[], type=text,
+        "--side",
+        action="append",
+        default=[],
+        type=text,
         help="another side (repeatable; after --a/--b)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--prompt", action="append", default=[], type=text,
+        "--prompt",
+        action="append",
+        default=[],
+        type=text,
         help="prompt (repeatable; metrics are averaged)",
-    )  # fmt: skip
+    )
     common.add_run_args(p, ("max_new_tokens", "seed"), {"max_new_tokens": 48})
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -100,9 +106,15 @@ def run(args: argparse.Namespace) -> int:
                 if stop["flag"]:
                     break
                 c = cmp_mod.compare(
-                    lm, prompt, sides, steps=args.steps, seed=args.seed, chat=args.chat,
-                    on_step=lambda i, rec: bar.update(1), should_stop=lambda: stop["flag"],
-                )  # fmt: skip
+                    lm,
+                    prompt,
+                    sides,
+                    steps=args.steps,
+                    seed=args.seed,
+                    chat=args.chat,
+                    on_step=lambda i, rec: bar.update(1),
+                    should_stop=lambda: stop["flag"],
+                )
                 c.release()  # the tables need the traces, not the caches
                 results.append(c)
     finally:

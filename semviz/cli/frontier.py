@@ -105,10 +105,17 @@ def _config(args):
     specs = [args.a, args.b, *args.side]
     sides = tuple(parse_side(s) for s in specs if s is not None and s.strip())
     return SweepConfig(
-        settings=sides, knob=knob, values=values, split=args.split, n_prompts=args.prompts,
-        seeds=args.seeds, new_tokens=args.tokens, chat=args.chat, batch_rows=args.batch,
+        settings=sides,
+        knob=knob,
+        values=values,
+        split=args.split,
+        n_prompts=args.prompts,
+        seeds=args.seeds,
+        new_tokens=args.tokens,
+        chat=args.chat,
+        batch_rows=args.batch,
         prompts_path=args.prompt_file,
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -248,9 +255,14 @@ def _sweep(cfg, args, judge, n_prompts: int):
                 bar.refresh()
 
             result = fr.run_sweep(
-                None, cfg, args.out, score=judge is not None, on_progress=on_progress,
-                should_stop=lambda: stop["flag"], executor=executor,
-            )  # fmt: skip
+                None,
+                cfg,
+                args.out,
+                score=judge is not None,
+                on_progress=on_progress,
+                should_stop=lambda: stop["flag"],
+                executor=executor,
+            )
     if result.stopped:
         print(
             f"semviz frontier: stopped; {result.new_rows} new rows saved to {args.out}. "
@@ -307,15 +319,24 @@ def markdown_table(s) -> str:
     from semviz.frontier.sweep import X_AXES
 
     axes = ["distinct_2", "pooled_distinct_2", "bleu_diversity", "dissimilarity", "distinct_1"]
-    head = {"distinct_2": "distinct-2", "pooled_distinct_2": "pooled distinct-2",
-            "bleu_diversity": "1 − self-BLEU", "dissimilarity": "1 − cross-seed sim",
-            "distinct_1": "distinct-1"}  # fmt: skip
+    head = {
+        "distinct_2": "distinct-2",
+        "pooled_distinct_2": "pooled distinct-2",
+        "bleu_diversity": "1 − self-BLEU",
+        "dissimilarity": "1 − cross-seed sim",
+        "distinct_1": "distinct-1",
+    }
     assert set(axes) == set(X_AXES)
     cols = [
-        "setting", s.knob, "coherence [95% CI]",
+        "setting",
+        s.knob,
+        "coherence [95% CI]",
         *[head[a] + (" [95% CI]" if a == s.x else "") for a in axes],
-        "repeated 4-grams", "<4 words", "perplexity", "prompts",
-    ]  # fmt: skip
+        "repeated 4-grams",
+        "<4 words",
+        "perplexity",
+        "prompts",
+    ]
     lines = [
         "| " + " | ".join(cols) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|",
@@ -326,11 +347,15 @@ def markdown_table(s) -> str:
             for a in axes
         ]
         cells = [
-            f"`{r['setting']}`", f"{r['value']:g}",
+            f"`{r['setting']}`",
+            f"{r['value']:g}",
             f"{_fmt(r['coherence'])} [{_fmt(r['coherence_lo'])}, {_fmt(r['coherence_hi'])}]",
-            *ax, f"{_fmt(100 * r['repetition'], 1)}%", f"{_fmt(100 * r['short'], 1)}%",
-            _fmt(r["ppl"], 1), str(r["prompts"]),
-        ]  # fmt: skip
+            *ax,
+            f"{_fmt(100 * r['repetition'], 1)}%",
+            f"{_fmt(100 * r['short'], 1)}%",
+            _fmt(r["ppl"], 1),
+            str(r["prompts"]),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -339,14 +364,20 @@ def verdict_table(s) -> str:
     """Every compared setting against the first, on every axis: the gap and its CI."""
     from semviz.frontier.sweep import X_AXES
 
-    lines = ["| setting vs A | diversity axis | coherence gap B − A [95% CI] | matched range | verdict |",
-             "|---|---|---:|---:|---|"]  # fmt: skip
+    lines = [
+        "| setting vs A | diversity axis | coherence gap B − A [95% CI] | matched range | verdict |",
+        "|---|---|---:|---:|---|",
+    ]
     for axis, doms in s.by_axis.items():
         for d in doms:
             gap = f"{d.gap:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]" if math.isfinite(d.gap) else "–"
             rng = f"{d.x_lo:.3f}–{d.x_hi:.3f}" if math.isfinite(d.gap) else "none"
-            who = {"a": f"{d.a} dominates", "b": f"{d.b} dominates", "neither": "neither",
-                   "none": "no common range"}[d.winner]  # fmt: skip
+            who = {
+                "a": f"{d.a} dominates",
+                "b": f"{d.b} dominates",
+                "neither": "neither",
+                "none": "no common range",
+            }[d.winner]
             lines.append(f"| `{d.b}` | {X_AXES[axis]} | {gap} | {rng} | {who} |")
     return "\n".join(lines)
 

@@ -32,9 +32,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     # exact comparisons against the full cache, and on CPU float32 is the faster path
     p.set_defaults(dtype="float32")
     p.add_argument(
-        "--threads", type=int_arg(1, 1024), default=None,
+        "--threads",
+        type=int_arg(1, 1024),
+        default=None,
         help="torch CPU threads (default: torch's)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--text",
         action="append",
@@ -63,9 +65,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "full is the reference, the others are evaluated against it)",
     )
     p.add_argument(
-        "--prefill", type=int_arg(1), default=1,
+        "--prefill",
+        type=int_arg(1),
+        default=1,
         help="tokens in the first forward (then one at a time); fewer than --tokens",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--rerotate",
         action="store_true",
@@ -212,18 +216,28 @@ def _grid(args, lm, paths, policies, budgets, kw) -> int:
     try:
         with executor:
             rows, _ = kv_grid(
-                texts, policies, budgets, executor=executor, prefill=args.prefill,
-                policy_kwargs=kw, on_progress=on_progress,
-            )  # fmt: skip
+                texts,
+                policies,
+                budgets,
+                executor=executor,
+                prefill=args.prefill,
+                policy_kwargs=kw,
+                on_progress=on_progress,
+            )
     except TypeError as exc:  # a --policy-arg the policy does not take
         raise UserError(f"bad --policy-arg: {exc}") from None
     finally:
         bar.close()
     if args.json:
         print_json(
-            {"model": lm.name, "texts": {k: len(v) for k, v in texts.items()},
-             "prefill": args.prefill, "policy_args": kw, "rows": rows}
-        )  # fmt: skip
+            {
+                "model": lm.name,
+                "texts": {k: len(v) for k, v in texts.items()},
+                "prefill": args.prefill,
+                "policy_args": kw,
+                "rows": rows,
+            }
+        )
         return 0
     for name, ids in texts.items():
         _print_table([r for r in rows if r["text"] == name], lm.name, name, len(ids))

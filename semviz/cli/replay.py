@@ -20,9 +20,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("trace", help="a trace JSON written by `semviz trace` or the app")
     p.add_argument("--json", action="store_true", help="print the per-step table as JSON")
     p.add_argument(
-        "--show", type=common.int_arg(0, 1000), default=5,
+        "--show",
+        type=common.int_arg(0, 1000),
+        default=5,
         help="kept tokens listed per step (default 5)",
-    )  # fmt: skip
+    )
     common.add_model_args(p)
     common.add_prune_args(p)
     return p

@@ -36,23 +36,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder to write the report into")
     common.add_force_arg(p)
     p.add_argument(
-        "--step", type=common.int_arg(0), default=None,
+        "--step",
+        type=common.int_arg(0),
+        default=None,
         help="step the per-step charts show (default: last)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-png", dest="png", action="store_false", help="skip the PNG export")
     p.add_argument(
-        "--vector", action="append", default=[], choices=["svg", "pdf"],
+        "--vector",
+        action="append",
+        default=[],
+        choices=["svg", "pdf"],
         help="also write every chart as SVG or PDF (kaleido), into svg/ or pdf/ (repeatable)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--png-engine", default="auto", choices=["auto", "kaleido", "playwright"],
+        "--png-engine",
+        default="auto",
+        choices=["auto", "kaleido", "playwright"],
         help="kaleido (Plotly's exporter) or a Playwright screenshot; auto tries kaleido first",
-    )  # fmt: skip
+    )
     common.add_run_args(p, ("max_new_tokens", "seed", "kv_policy", "kv_budget"))
     p.add_argument(
-        "--stop", action="append", default=[], type=common.text_arg,
+        "--stop",
+        action="append",
+        default=[],
+        type=common.text_arg,
         help="stop string (repeatable)",
-    )  # fmt: skip
+    )
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     common.add_model_args(p)
@@ -162,10 +172,17 @@ def run(args: argparse.Namespace) -> int:
     old = signal.signal(signal.SIGINT, _interrupt)
     try:
         rep = report.build(
-            trace, args.out, tokenizer=tokenizer, selected=args.step, png=args.png,
-            engine=args.png_engine, progress=progress, should_stop=lambda: stop["flag"], lm=lm,
+            trace,
+            args.out,
+            tokenizer=tokenizer,
+            selected=args.step,
+            png=args.png,
+            engine=args.png_engine,
+            progress=progress,
+            should_stop=lambda: stop["flag"],
+            lm=lm,
             vector=tuple(dict.fromkeys(args.vector)),
-        )  # fmt: skip
+        )
     except report.PngExportError as exc:
         from semviz.cli import UserError
 

@@ -15,28 +15,39 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="trace.json", help="where to write the trace")
     common.add_force_arg(p)
     p.add_argument(
-        "--stop", action="append", default=[], type=common.text_arg,
+        "--stop",
+        action="append",
+        default=[],
+        type=common.text_arg,
         help="stop string (repeatable)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--record-k", type=common.int_arg(1), default=1024,
+        "--record-k",
+        type=common.int_arg(1),
+        default=1024,
         help="candidates recorded per step (default 1024; fewer for a smaller file)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--attention", choices=("on", "off"), default="on",
+        "--attention",
+        choices=("on", "off"),
+        default="on",
         help="record each step's last-query attention (default on; off for a smaller file)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--lens", choices=("on", "off"), default="on",
+        "--lens",
+        choices=("on", "off"),
+        default="on",
         help="record what the logit lens and direct logit attribution read: the residual "
         "stream and head outputs at each step (default on; off for a smaller file)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--full-logits", choices=("on", "off"), default="on",
+        "--full-logits",
+        choices=("on", "off"),
+        default="on",
         help="record every raw logit of each step, so that replay is exact at any setting "
         "(default on: 4 bytes a vocabulary entry a step; off for a smaller file, where replay "
         "marks the picks it cannot decide as approximate)",
-    )  # fmt: skip
+    )
     common.add_chat_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     common.add_model_args(p)
