@@ -202,10 +202,19 @@ def _stacked(n: int, titles: Sequence[str], spacing: float = 0.06) -> dict:
             "matches": "x" if r > 1 else None,
             "showticklabels": r == n,
         }
-        ann.append({
-            "text": titles[r - 1], "x": 0.5, "y": dom[1], "xref": "paper", "yref": "paper",
-            "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 12},
-        })  # fmt: skip
+        ann.append(
+            {
+                "text": titles[r - 1],
+                "x": 0.5,
+                "y": dom[1],
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "center",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"size": 12},
+            }
+        )
     lay["annotations"] = ann
     return lay
 
@@ -213,10 +222,17 @@ def _stacked(n: int, titles: Sequence[str], spacing: float = 0.06) -> dict:
 def _band(x: float, half: float, xref: str = "x", yref: str = "y domain") -> dict:
     """The focus highlighter: a translucent yellow band over ``x ± half``."""
     return {
-        "type": "rect", "xref": xref, "x0": x - half, "x1": x + half, "yref": yref,
-        "y0": 0, "y1": 1, "fillcolor": style.rgba(style.FOCUS, style.FOCUS_ALPHA),
-        "line": {"width": 0}, "layer": "below",
-    }  # fmt: skip
+        "type": "rect",
+        "xref": xref,
+        "x0": x - half,
+        "x1": x + half,
+        "yref": yref,
+        "y0": 0,
+        "y1": 1,
+        "fillcolor": style.rgba(style.FOCUS, style.FOCUS_ALPHA),
+        "line": {"width": 0},
+        "layer": "below",
+    }
 
 
 def _candidate_index(n: int, chosen: int | None, available: int) -> list[int]:
@@ -280,15 +296,27 @@ def distribution_figure(
             float(stages[before][i]) if p else float(stages[s][i])
             for i, p in zip(idx, pruned, strict=True)
         ]
-        data.append({
-            "type": "bar", "x": cats, "y": ys, "name": STAGE_LABEL[s],
-            "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "showlegend": False,
-            "marker": {"color": STAGE_COLOR[s], "opacity": [0.3 if p else 1.0 for p in pruned],
-                       "pattern": {"shape": ["/" if p else "" for p in pruned]}},
-            "customdata": [f"cut by the filters (p {before} = {fmt_prob(y)})" if p
-                           else f"p={fmt_prob(y)}" for p, y in zip(pruned, ys, strict=True)],
-            "hovertemplate": "%{x}<br>%{customdata}<extra>" + STAGE_LABEL[s] + "</extra>",
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "bar",
+                "x": cats,
+                "y": ys,
+                "name": STAGE_LABEL[s],
+                "xaxis": f"x{sfx}",
+                "yaxis": f"y{sfx}",
+                "showlegend": False,
+                "marker": {
+                    "color": STAGE_COLOR[s],
+                    "opacity": [0.3 if p else 1.0 for p in pruned],
+                    "pattern": {"shape": ["/" if p else "" for p in pruned]},
+                },
+                "customdata": [
+                    f"cut by the filters (p {before} = {fmt_prob(y)})" if p else f"p={fmt_prob(y)}"
+                    for p, y in zip(pruned, ys, strict=True)
+                ],
+                "hovertemplate": "%{x}<br>%{customdata}<extra>" + STAGE_LABEL[s] + "</extra>",
+            }
+        )
         layout[f"yaxis{sfx}"].update(axis)
         if focus is not None:
             layout["shapes"].append(_band(focus, 0.5, f"x{sfx}", f"y{sfx} domain"))
@@ -312,9 +340,12 @@ def log_prob_axis(values: Sequence[np.ndarray]) -> dict:
     lo = max(math.floor(math.log10(min(pos))), LOG_PROB_FLOOR) if pos else -3
     lo = min(lo, -1)  # at least one decade below p = 1
     return {
-        "type": "log", "range": [lo, 0.05], "dtick": 1 if -lo <= 8 else 2,
-        "exponentformat": "power", "title": {"text": "probability (log)"},
-    }  # fmt: skip
+        "type": "log",
+        "range": [lo, 0.05],
+        "dtick": 1 if -lo <= 8 else 2,
+        "exponentformat": "power",
+        "title": {"text": "probability (log)"},
+    }
 
 
 def _overlay(names, stages, idx, cats, focus, horizontal: bool, axis: dict) -> go.Figure:
@@ -324,11 +355,20 @@ def _overlay(names, stages, idx, cats, focus, horizontal: bool, axis: dict) -> g
     for s in names:
         vals = stages[s][idx].tolist()
         xy = {"y": cats, "x": vals, "orientation": "h"} if horizontal else {"x": cats, "y": vals}
-        data.append({
-            "type": "bar", **xy, "name": STAGE_LABEL[s], "marker": {"color": STAGE_COLOR[s]},
-            "hovertemplate": ("%{y}" if horizontal else "%{x}") + "<br>p=" + p
-            + "<extra>" + STAGE_LABEL[s] + "</extra>",
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "bar",
+                **xy,
+                "name": STAGE_LABEL[s],
+                "marker": {"color": STAGE_COLOR[s]},
+                "hovertemplate": ("%{y}" if horizontal else "%{x}")
+                + "<br>p="
+                + p
+                + "<extra>"
+                + STAGE_LABEL[s]
+                + "</extra>",
+            }
+        )
     layout = _base(None, 380)
     prob_axis = axis or {"title": {"text": "probability"}, "rangemode": "tozero"}
     cat_axis = {"type": "category", "tickfont": {"size": 11}}
@@ -369,20 +409,35 @@ def waterfall_figure(waterfall: Sequence[dict]) -> go.Figure:
         text = [f"{v:.1f}%" for v in removed]
     else:
         names, removed, text = ["no filter on"], [0.0], ["nothing removed: every candidate kept"]
-    data = [{
-        "type": "bar", "orientation": "h", "y": names, "x": removed,
-        "marker": {"color": style.CUT}, "name": "mass removed",
-        "text": text, "textposition": "outside", "cliponaxis": False,
-        "hovertemplate": "%{y}<br>removed %{x:.2f}% of the mass that entered<extra></extra>",
-    }]  # fmt: skip
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "y": names,
+            "x": removed,
+            "marker": {"color": style.CUT},
+            "name": "mass removed",
+            "text": text,
+            "textposition": "outside",
+            "cliponaxis": False,
+            "hovertemplate": "%{y}<br>removed %{x:.2f}% of the mass that entered<extra></extra>",
+        }
+    ]
     layout = _base(None, 100 + 40 * len(names))
     layout.update(
         showlegend=False,
-        xaxis={"title": {"text": "mass removed, % of what entered the stage"},
-               "range": [0, 118], "tickvals": [0, 25, 50, 75, 100]},
-        yaxis={"type": "category", "autorange": "reversed", "tickfont": {"size": 12},
-               "ticklabelstandoff": 6},
-    )  # fmt: skip
+        xaxis={
+            "title": {"text": "mass removed, % of what entered the stage"},
+            "range": [0, 118],
+            "tickvals": [0, 25, 50, 75, 100],
+        },
+        yaxis={
+            "type": "category",
+            "autorange": "reversed",
+            "tickfont": {"size": 12},
+            "ticklabelstandoff": 6,
+        },
+    )
     return _figure(data, layout)
 
 
@@ -424,14 +479,21 @@ def rank_shift_figure(
         lab = _show(labels[i])
         left = f"{lab}  {r_raw[i]}" if r_raw[i] > top else lab
         right = f"{r_adj[i]}  {lab}" if r_adj[i] > top else lab
-        data.append({
-            "type": "scatter", "x": [0, 1], "y": [y_raw[i], y_adj[i]],
-            "mode": "lines+markers+text", "text": [left, f"{right} ({'+' if d > 0 else ''}{d})"],
-            "textposition": ["middle left", "middle right"], "cliponaxis": False,
-            "line": {"color": color, "width": 2.5 if d else 1}, "marker": {"size": 6},
-            "showlegend": False,
-            "hovertemplate": f"{lab}: rank {r_raw[i]} → {r_adj[i]}<extra></extra>",
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "scatter",
+                "x": [0, 1],
+                "y": [y_raw[i], y_adj[i]],
+                "mode": "lines+markers+text",
+                "text": [left, f"{right} ({'+' if d > 0 else ''}{d})"],
+                "textposition": ["middle left", "middle right"],
+                "cliponaxis": False,
+                "line": {"color": color, "width": 2.5 if d else 1},
+                "marker": {"size": 6},
+                "showlegend": False,
+                "hovertemplate": f"{lab}: rank {r_raw[i]} → {r_adj[i]}<extra></extra>",
+            }
+        )
     moved = sum(1 for i in show if r_adj[i] <= top and r_raw[i] != r_adj[i])
     entered = sum(1 for i in show if r_adj[i] <= top < r_raw[i])
     title = f"{moved} of the top {top} moved"  # short: it sits over a half-width column
@@ -441,16 +503,29 @@ def rank_shift_figure(
     layout = _base(title, 22 * lanes + 110)
     layout.update(
         yaxis={"range": [lanes + 0.6, 0.4], "visible": False},
-        xaxis={"range": [-0.75, 1.75], "tickvals": [0, 1], "side": "top",
-               "ticktext": ["raw rank", "after gravity"], "showgrid": False, "zeroline": False},
+        xaxis={
+            "range": [-0.75, 1.75],
+            "tickvals": [0, 1],
+            "side": "top",
+            "ticktext": ["raw rank", "after gravity"],
+            "showgrid": False,
+            "zeroline": False,
+        },
         margin={"l": 10, "r": 10, "t": 70, "b": 10},
-    )  # fmt: skip
+    )
     if lanes > top:
-        layout["shapes"] = [{
-            "type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y",
-            "y0": top + 0.5, "y1": top + 0.5,
-            "line": {"color": style.REFERENCE, "width": 1, "dash": "dash"},
-        }]  # fmt: skip
+        layout["shapes"] = [
+            {
+                "type": "line",
+                "xref": "x domain",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": top + 0.5,
+                "y1": top + 0.5,
+                "line": {"color": style.REFERENCE, "width": 1, "dash": "dash"},
+            }
+        ]
     return _figure(data, layout)
 
 
@@ -526,11 +601,18 @@ def _vlines(selected, first_diff, axes: Sequence[str] = ("",), n: int = 0) -> li
         if selected is not None:
             out.append(_band(selected, half, f"x{sfx}", f"y{sfx} domain"))
         if first_diff is not None:
-            out.append({
-                "type": "line", "x0": first_diff, "x1": first_diff, "xref": f"x{sfx}",
-                "y0": 0, "y1": 1, "yref": f"y{sfx} domain",
-                "line": {"color": style.WHATIF, "width": 2},
-            })  # fmt: skip
+            out.append(
+                {
+                    "type": "line",
+                    "x0": first_diff,
+                    "x1": first_diff,
+                    "xref": f"x{sfx}",
+                    "y0": 0,
+                    "y1": 1,
+                    "yref": f"y{sfx} domain",
+                    "line": {"color": style.WHATIF, "width": 2},
+                }
+            )
     return out
 
 
@@ -559,47 +641,92 @@ def entropy_figure(
     shapes, ann = [], []
     for lo, hi, label, color in entropy_bands(params):
         y1 = min(hi, top)
-        shapes.append({
-            "type": "rect", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": lo,
-            "y1": y1, "fillcolor": color, "line": {"width": 0}, "layer": "below",
-        })  # fmt: skip
-        ann.append({
-            "x": 0, "xref": "paper", "y": y1 if hi - lo > 0.2 else hi, "yref": "y",
-            "text": label, "showarrow": False, "xanchor": "left", "yanchor": "top",
-            "font": {"size": 11},
-        })  # fmt: skip
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x domain",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": lo,
+                "y1": y1,
+                "fillcolor": color,
+                "line": {"width": 0},
+                "layer": "below",
+            }
+        )
+        ann.append(
+            {
+                "x": 0,
+                "xref": "paper",
+                "y": y1 if hi - lo > 0.2 else hi,
+                "yref": "y",
+                "text": label,
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "top",
+                "font": {"size": 11},
+            }
+        )
     steps, cd = _col(df, "step"), _step_data(df)
     data = [
         {
-            "type": "scatter", "x": steps, "y": _col(df, "entropy"), "name": "entropy H (nats)",
-            "mode": "lines+markers", "marker": {"size": 5}, "line": {"color": style.ENTROPY},
-            "customdata": cd, "unselected": _KEEP_OPAQUE,
+            "type": "scatter",
+            "x": steps,
+            "y": _col(df, "entropy"),
+            "name": "entropy H (nats)",
+            "mode": "lines+markers",
+            "marker": {"size": 5},
+            "line": {"color": style.ENTROPY},
+            "customdata": cd,
+            "unselected": _KEEP_OPAQUE,
             "hovertemplate": "step %{x} %{customdata[1]}<br>H=%{y:.3f} nats<extra></extra>",
         },
         {
-            "type": "scatter", "x": steps, "y": _col(df, "varentropy"), "yaxis": "y2",
-            "name": "varentropy (nats²)", "mode": "lines", "customdata": cd,
+            "type": "scatter",
+            "x": steps,
+            "y": _col(df, "varentropy"),
+            "yaxis": "y2",
+            "name": "varentropy (nats²)",
+            "mode": "lines",
+            "customdata": cd,
             "line": {"color": style.VARENTROPY, "dash": "dot", "width": 2},
             "hovertemplate": "step %{x}<br>V=%{y:.3f}<extra></extra>",
         },
-    ]  # fmt: skip
+    ]
     fb = df[df["fallback"] != ""] if len(df) else df
     if len(fb):
-        data.append({
-            "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, "entropy"), "mode": "markers",
-            "name": "safety fallback fired", "marker": {"symbol": "x", "size": 11, "color": style.CUT},
-            "customdata": [[s, escape.plotly(f)] for s, f in zip(_col(fb, "step"), _col(fb, "fallback"), strict=True)],
-            "hovertemplate": "step %{x}: %{customdata[1]}<extra></extra>",
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "scatter",
+                "x": _col(fb, "step"),
+                "y": _col(fb, "entropy"),
+                "mode": "markers",
+                "name": "safety fallback fired",
+                "marker": {"symbol": "x", "size": 11, "color": style.CUT},
+                "customdata": [
+                    [s, escape.plotly(f)]
+                    for s, f in zip(_col(fb, "step"), _col(fb, "fallback"), strict=True)
+                ],
+                "hovertemplate": "step %{x}: %{customdata[1]}<extra></extra>",
+            }
+        )
     layout = _base(None, 360)
     layout.update(
         shapes=shapes + _vlines(selected, first_diff, n=len(df)),
         annotations=ann,
         xaxis={"title": {"text": "step"}},
         yaxis={"title": {"text": "entropy, nats"}, "range": [0, top]},
-        yaxis2={"title": {"text": "varentropy"}, "overlaying": "y", "side": "right",
-                "showgrid": False, "rangemode": "tozero", "tickmode": "auto", "nticks": 6},
-    )  # fmt: skip
+        yaxis2={
+            "title": {"text": "varentropy"},
+            "overlaying": "y",
+            "side": "right",
+            "showgrid": False,
+            "rangemode": "tozero",
+            "tickmode": "auto",
+            "nticks": 6,
+        },
+    )
     return _figure(data, layout)
 
 
@@ -618,22 +745,42 @@ def thermo_figure(df, *, selected: int | None = None, first_diff: int | None = N
     data = []
     for r, (col, color) in enumerate(series, start=1):
         sfx = "" if r == 1 else str(r)
-        data.append({
-            "type": "scatter", "x": steps, "y": _col(df, col), "mode": "lines+markers",
-            "marker": {"size": 4}, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": col,
-            "line": {"color": color, "shape": "hv" if col == "n_kept" else "linear"},
-            "showlegend": False, "customdata": cd, "unselected": _KEEP_OPAQUE,
-            "hovertemplate": "step %{x} %{customdata[1]}<br>%{y:.4g}<extra>" + col + "</extra>",
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "scatter",
+                "x": steps,
+                "y": _col(df, col),
+                "mode": "lines+markers",
+                "marker": {"size": 4},
+                "xaxis": f"x{sfx}",
+                "yaxis": f"y{sfx}",
+                "name": col,
+                "line": {"color": color, "shape": "hv" if col == "n_kept" else "linear"},
+                "showlegend": False,
+                "customdata": cd,
+                "unselected": _KEEP_OPAQUE,
+                "hovertemplate": "step %{x} %{customdata[1]}<br>%{y:.4g}<extra>" + col + "</extra>",
+            }
+        )
         if len(fb):
-            data.append({
-                "type": "scatter", "x": _col(fb, "step"), "y": _col(fb, col), "mode": "markers",
-                "marker": {"symbol": "x", "size": 10, "color": style.CUT},
-                "xaxis": f"x{sfx}", "yaxis": f"y{sfx}", "name": "safety fallback",
-                "showlegend": r == 1,
-                "customdata": [[s, escape.plotly(f)] for s, f in zip(_col(fb, "step"), _col(fb, "fallback"), strict=True)],
-                "hovertemplate": "%{customdata[1]}<extra></extra>",
-            })  # fmt: skip
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": _col(fb, "step"),
+                    "y": _col(fb, col),
+                    "mode": "markers",
+                    "marker": {"symbol": "x", "size": 10, "color": style.CUT},
+                    "xaxis": f"x{sfx}",
+                    "yaxis": f"y{sfx}",
+                    "name": "safety fallback",
+                    "showlegend": r == 1,
+                    "customdata": [
+                        [s, escape.plotly(f)]
+                        for s, f in zip(_col(fb, "step"), _col(fb, "fallback"), strict=True)
+                    ],
+                    "hovertemplate": "%{customdata[1]}<extra></extra>",
+                }
+            )
     layout["shapes"] = _vlines(selected, first_diff, ("", "2", "3"), n=len(df))
     layout["xaxis3"]["title"] = {"text": "step"}
     if len(df) and df["n_kept"].max() > 50:
@@ -647,25 +794,45 @@ def entropy_scatter(df, *, selected: int | None = None) -> go.Figure:
     data = []
     if selected is not None and 0 <= selected < len(df):
         row = df.iloc[selected]
-        data.append({
-            "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
-            "mode": "markers", "name": f"selected step {selected}", "hoverinfo": "skip",
-            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "scatter",
+                "x": [float(row["entropy"])],
+                "y": [float(row["varentropy"])],
+                "mode": "markers",
+                "name": f"selected step {selected}",
+                "hoverinfo": "skip",
+                "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
+            }
+        )
     for action, color in ACTION_COLOR.items():
         sub = df[df["action"] == action] if len(df) else df
         if not len(sub):
             continue
-        data.append({
-            "type": "scatter", "x": _col(sub, "entropy"), "y": _col(sub, "varentropy"),
-            "mode": "markers", "name": action, "unselected": _KEEP_OPAQUE,
-            "marker": {"color": color, "size": 8, "opacity": 0.85,
-                       "symbol": "x" if action == "safety fallback" else "circle"},
-            "customdata": [[s, _text(t), r] for s, t, r in
-                           zip(_col(sub, "step"), _col(sub, "token"), _col(sub, "rank"), strict=True)],
-            "hovertemplate": "step %{customdata[0]} %{customdata[1]} (rank %{customdata[2]})"
-            "<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "scatter",
+                "x": _col(sub, "entropy"),
+                "y": _col(sub, "varentropy"),
+                "mode": "markers",
+                "name": action,
+                "unselected": _KEEP_OPAQUE,
+                "marker": {
+                    "color": color,
+                    "size": 8,
+                    "opacity": 0.85,
+                    "symbol": "x" if action == "safety fallback" else "circle",
+                },
+                "customdata": [
+                    [s, _text(t), r]
+                    for s, t, r in zip(
+                        _col(sub, "step"), _col(sub, "token"), _col(sub, "rank"), strict=True
+                    )
+                ],
+                "hovertemplate": "step %{customdata[0]} %{customdata[1]} (rank %{customdata[2]})"
+                "<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
+            }
+        )
     layout = _base(None, 400)
     layout.update(
         xaxis={"title": {"text": "entropy H, nats"}},
@@ -710,12 +877,20 @@ def _attention_trace(z: np.ndarray, x, y, **kw) -> dict:
     lo = int(round(math.log10(ATT_FLOOR)))
     ticks = list(range(lo, 1))
     return {
-        "type": "heatmap", "z": _log_mass(z).tolist(), "x": list(x), "y": list(y),
-        "zmin": lo, "zmax": 0, "colorscale": style.ATTENTION_SCALE,
-        "colorbar": {"title": {"text": "mass"}, "tickvals": ticks,
-                     "ticktext": [f"≤{10.0**lo:g}"] + [f"{10.0**t:g}" for t in ticks[1:]]},
+        "type": "heatmap",
+        "z": _log_mass(z).tolist(),
+        "x": list(x),
+        "y": list(y),
+        "zmin": lo,
+        "zmax": 0,
+        "colorscale": style.ATTENTION_SCALE,
+        "colorbar": {
+            "title": {"text": "mass"},
+            "tickvals": ticks,
+            "ticktext": [f"≤{10.0**lo:g}"] + [f"{10.0**t:g}" for t in ticks[1:]],
+        },
         **kw,
-    }  # fmt: skip
+    }
 
 
 def attention_heatmap(
@@ -765,18 +940,31 @@ def attention_heatmap(
         names = [f"position {off + i} {_show(t)}" for i, t in enumerate(lab)]
     text = [[f"{v:.4f}" for v in row] for row in m.tolist()]
     trace = _attention_trace(
-        m, xs, rows, text=text, customdata=[names] * len(rows),
+        m,
+        xs,
+        rows,
+        text=text,
+        customdata=[names] * len(rows),
         hovertemplate="%{customdata}<br>"
-        + ("%{y}" if per_head else "layer %{y}") + "<br>mass %{text}<extra></extra>",
-    )  # fmt: skip
+        + ("%{y}" if per_head else "layer %{y}")
+        + "<br>mass %{text}<extra></extra>",
+    )
     xaxis: dict = {"title": {"text": "context position"}}
     if len(xs) <= LABELLED_COLS and len(starts) == len(lab):
-        xaxis.update(tickvals=xs, ticktext=[f"{x} {_show(t)}" for x, t in zip(xs, lab, strict=True)],
-                     tickangle=-45 if len(xs) <= 32 else -90, tickfont={"size": 11})  # fmt: skip
+        xaxis.update(
+            tickvals=xs,
+            ticktext=[f"{x} {_show(t)}" for x, t in zip(xs, lab, strict=True)],
+            tickangle=-45 if len(xs) <= 32 else -90,
+            tickfont={"size": 11},
+        )
     yaxis = {"title": {"text": "layer"}, "autorange": "reversed", "type": "category"}
     if per_head:  # a tick at each layer's first head; the hover names every row
-        yaxis.update(title={"text": "layer, head"}, tickvals=rows[:: len(hd)],
-                     ticktext=[f"L{la}" for la in lay], tickfont={"size": 10})  # fmt: skip
+        yaxis.update(
+            title={"text": "layer, head"},
+            tickvals=rows[:: len(hd)],
+            ticktext=[f"L{la}" for la in lay],
+            tickfont={"size": 10},
+        )
     layout = _base(None, max(320, (5 if per_head else 14) * len(rows) + 170))
     layout.update(xaxis=xaxis, yaxis=yaxis)
     return _figure([trace], layout)
@@ -823,8 +1011,9 @@ def attention_flow(
         binned, starts = mat, np.arange(n_positions)
         hover = "step %{y}<br>position %{x}<br>mass %{text}<extra></extra>"
     text = [["" if math.isnan(v) else f"{v:.4f}" for v in row] for row in binned.tolist()]
-    trace = _attention_trace(binned, [int(s) for s in starts], idx, text=text,
-                             hovertemplate=hover, hoverongaps=False)  # fmt: skip
+    trace = _attention_trace(
+        binned, [int(s) for s in starts], idx, text=text, hovertemplate=hover, hoverongaps=False
+    )
     layout = _base(None, 420)
     layout.update(
         xaxis={"title": {"text": "original position"}},
@@ -846,11 +1035,13 @@ def gravity_terms_figure(
     order = order[::-1]
     fig = go.Figure(
         go.Bar(
-            x=terms[order], y=[f"{pos[i]} {_show(labels[i])}" for i in order], orientation="h",
+            x=terms[order],
+            y=[f"{pos[i]} {_show(labels[i])}" for i in order],
+            orientation="h",
             marker_color=[style.KEPT if terms[i] >= 0 else style.CUT for i in order],
             hovertemplate="%{y}<br>m·sim = %{x:.5f}<extra></extra>",
         )
-    )  # fmt: skip
+    )
     fig.update_xaxes(title="contribution m_i · sim(w, t_i)")
     fig.update_yaxes(type="category", tickfont={"size": 11})
     return _layout(fig, None, 22 * len(order) + 100)
@@ -955,18 +1146,30 @@ def kv_timeline_figure(
         hover = "step %{y}<br>position %{x}<br>kept %{z}<br>score %{customdata:.4g}<extra></extra>"
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=xs, y=idx, customdata=score, zmin=0, zmax=1, colorscale=style.KV_SCALE,
-            colorbar={"title": f"layer {layer}", "tickvals": [0, 1],
-                      "ticktext": ["evicted", "kept"]},
-            hovertemplate=hover, hoverongaps=False,
+            z=z,
+            x=xs,
+            y=idx,
+            customdata=score,
+            zmin=0,
+            zmax=1,
+            colorscale=style.KV_SCALE,
+            colorbar={
+                "title": f"layer {layer}",
+                "tickvals": [0, 1],
+                "ticktext": ["evicted", "kept"],
+            },
+            hovertemplate=hover,
+            hoverongaps=False,
         )
-    )  # fmt: skip
+    )
     if selected is not None and 0 <= selected < len(steps):
         # a dashed grey line: the focus yellow sits too close to the evicted orange
         fig.add_hline(
-            y=selected, line={"color": style.REFERENCE, "width": 2, "dash": "dash"},
-            annotation_text=f"step {selected}", annotation_position="top left",
-        )  # fmt: skip
+            y=selected,
+            line={"color": style.REFERENCE, "width": 2, "dash": "dash"},
+            annotation_text=f"step {selected}",
+            annotation_position="top left",
+        )
     fig.update_yaxes(title="step", autorange="reversed")
     fig.update_xaxes(title="original position")
     return _layout(fig, None, 420)
@@ -980,17 +1183,25 @@ def cache_bytes_figure(
     y = [s.cache_bytes / 1024.0 for s in steps]
     fig = go.Figure()
     fig.add_scatter(
-        x=x, y=y, mode="lines+markers", name="measured cache", marker={"size": 5},
-        line={"color": style.CACHE}, customdata=[[i] for i in x],
+        x=x,
+        y=y,
+        mode="lines+markers",
+        name="measured cache",
+        marker={"size": 5},
+        line={"color": style.CACHE},
+        customdata=[[i] for i in x],
         unselected={"marker": {"opacity": 1.0}},
         hovertemplate="step %{x}<br>%{y:.1f} KiB<extra></extra>",
-    )  # fmt: skip
+    )
     if bytes_per_token:
         full = [bytes_per_token * s.position / 1024.0 for s in steps]
         fig.add_scatter(
-            x=x, y=full, mode="lines", name="no eviction: 2·L·kv_heads·head_dim·bytes × tokens",
+            x=x,
+            y=full,
+            mode="lines",
+            name="no eviction: 2·L·kv_heads·head_dim·bytes × tokens",
             line={"dash": "dash", "color": style.REFERENCE},
-        )  # fmt: skip
+        )
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="KV cache, KiB", rangemode="tozero")
     return _layout(fig, None, 320)
@@ -1013,11 +1224,13 @@ def kv_eval_figure(rows: Sequence[dict], *, x: str = "budget", ys: Sequence[str]
         for k, (name, sub) in enumerate(df.groupby(group) if group else [("all", df)]):
             sub = sub.sort_values(x)
             fig.add_scatter(
-                x=sub[x], y=sub[metric], mode="lines+markers",
+                x=sub[x],
+                y=sub[metric],
+                mode="lines+markers",
                 name=f"{name} · {metric}" if len(metrics) > 1 else str(name),
                 line={"color": style.policy_color(str(name), k), "dash": dashes[m % len(dashes)]},
                 hovertemplate=f"{name}<br>{x} %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
-            )  # fmt: skip
+            )
     fig.update_xaxes(title=x)
     fig.update_yaxes(title=", ".join(metrics))
     return _layout(fig, None, 360)
@@ -1034,21 +1247,33 @@ def timing_figure(
     """Prefill time (once, for the whole prompt) against each decode step's forward time."""
     ms = [1e3 * s for s in decode_seconds]
     fig = make_subplots(
-        rows=1, cols=2, column_widths=[0.3, 0.7],
+        rows=1,
+        cols=2,
+        column_widths=[0.3, 0.7],
         subplot_titles=[f"prefill: {n_prompt} tokens at once", "decode: one token per forward"],
-    )  # fmt: skip
+    )
     per_tok = 1e3 * prefill_seconds / max(n_prompt, 1)
     fig.add_bar(
         x=["prefill total", "prefill per token", "decode median"],
         y=[1e3 * prefill_seconds, per_tok, float(np.median(ms)) if ms else 0.0],
         marker_color=[style.PREFILL, style.rgba(style.PREFILL, 0.55), style.DECODE],
-        showlegend=False, hovertemplate="%{x}: %{y:.2f} ms<extra></extra>", row=1, col=1,
-    )  # fmt: skip
+        showlegend=False,
+        hovertemplate="%{x}: %{y:.2f} ms<extra></extra>",
+        row=1,
+        col=1,
+    )
     fig.add_scatter(
-        x=list(range(1, len(ms) + 1)), y=ms, mode="lines+markers", marker={"size": 4},
-        line={"color": style.DECODE}, name="decode forward", showlegend=False, row=1, col=2,
+        x=list(range(1, len(ms) + 1)),
+        y=ms,
+        mode="lines+markers",
+        marker={"size": 4},
+        line={"color": style.DECODE},
+        name="decode forward",
+        showlegend=False,
+        row=1,
+        col=2,
         hovertemplate="step %{x}: %{y:.2f} ms<extra></extra>",
-    )  # fmt: skip
+    )
     fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(tickangle=-30, row=1, col=1)
@@ -1062,22 +1287,32 @@ def prefill_scaling_figure(lengths: Sequence[int], seconds: Sequence[float]) -> 
     t = 1e3 * np.asarray(seconds, float)
     fig = go.Figure()
     fig.add_scatter(
-        x=n, y=t, mode="markers", name="measured", marker={"size": 10, "color": style.PREFILL},
+        x=n,
+        y=t,
+        mode="markers",
+        name="measured",
+        marker={"size": 10, "color": style.PREFILL},
         hovertemplate="%{x:.0f} tokens: %{y:.1f} ms<extra></extra>",
-    )  # fmt: skip
+    )
     title = None
     if len(n) >= 3:
         coef = np.polyfit(n, t, 2)  # c, b, a
         grid = np.linspace(0, n.max(), 100)
         fig.add_scatter(
-            x=grid, y=np.polyval(coef, grid), mode="lines", name="fit a + b·n + c·n²",
+            x=grid,
+            y=np.polyval(coef, grid),
+            mode="lines",
+            name="fit a + b·n + c·n²",
             line={"color": style.PREFILL},
-        )  # fmt: skip
+        )
         lin = np.polyval([0.0, coef[1], coef[2]], grid)
         fig.add_scatter(
-            x=grid, y=lin, mode="lines", name="linear part a + b·n",
+            x=grid,
+            y=lin,
+            mode="lines",
+            name="linear part a + b·n",
             line={"dash": "dot", "color": style.REFERENCE},
-        )  # fmt: skip
+        )
         share = coef[0] * n.max() ** 2 / max(np.polyval(coef, n.max()), 1e-9)
         if coef[0] > 0:
             title = f"quadratic term c·n² = {100 * share:.0f}% of the time at {int(n.max())} tokens"
@@ -1154,37 +1389,78 @@ def chain_figure(params: PruneParams, *, per_row: int = 5) -> go.Figure:
         row, col = divmod(i, per_row)
         xs.append(col if row % 2 == 0 else per_row - 1 - col)
         ys.append(-row)
-    arrow = {"xref": "x", "yref": "y", "axref": "x", "ayref": "y", "showarrow": True,
-             "arrowhead": 3, "arrowsize": 1.2, "arrowwidth": 1.5, "arrowcolor": style.REFERENCE,
-             "standoff": 22, "text": ""}  # fmt: skip
+    arrow = {
+        "xref": "x",
+        "yref": "y",
+        "axref": "x",
+        "ayref": "y",
+        "showarrow": True,
+        "arrowhead": 3,
+        "arrowsize": 1.2,
+        "arrowwidth": 1.5,
+        "arrowcolor": style.REFERENCE,
+        "standoff": 22,
+        "text": "",
+    }
     ann, elbows = [], []
     for i in range(n - 1):
         if ys[i + 1] == ys[i]:
-            ann.append({**arrow, "x": xs[i + 1], "y": ys[i + 1], "ax": xs[i], "ay": ys[i],
-                        "startstandoff": 22})  # fmt: skip
+            ann.append(
+                {
+                    **arrow,
+                    "x": xs[i + 1],
+                    "y": ys[i + 1],
+                    "ax": xs[i],
+                    "ay": ys[i],
+                    "startstandoff": 22,
+                }
+            )
             continue
         # to the next row: out past the captions, down, and back in (never across a caption)
         side = 0.5 if xs[i] == per_row - 1 else -0.5
         x, y0, y1 = xs[i], ys[i], ys[i + 1]
-        elbows.append({
-            "type": "path", "xref": "x", "yref": "y",
-            "path": f"M {x + side / 4},{y0} L {x + side},{y0} L {x + side},{y1}",
-            "line": {"color": style.REFERENCE, "width": 1.5},
-        })  # fmt: skip
+        elbows.append(
+            {
+                "type": "path",
+                "xref": "x",
+                "yref": "y",
+                "path": f"M {x + side / 4},{y0} L {x + side},{y0} L {x + side},{y1}",
+                "line": {"color": style.REFERENCE, "width": 1.5},
+            }
+        )
         ann.append({**arrow, "x": x, "y": y1, "ax": x + side, "ay": y1, "startstandoff": 0})
     ann += [
-        {"x": x, "y": y - 0.2, "text": "<br>".join(textwrap.wrap(st[1], 22)) or " ",
-         "showarrow": False, "xref": "x", "yref": "y", "yanchor": "top", "font": {"size": 11}}
+        {
+            "x": x,
+            "y": y - 0.2,
+            "text": "<br>".join(textwrap.wrap(st[1], 22)) or " ",
+            "showarrow": False,
+            "xref": "x",
+            "yref": "y",
+            "yanchor": "top",
+            "font": {"size": 11},
+        }
         for x, y, st in zip(xs, ys, stages, strict=True)
-    ]  # fmt: skip
-    data = [{
-        "type": "scatter", "x": xs, "y": ys, "mode": "markers+text",
-        "text": [f"<b>{i + 1}. {s[0]}</b>" for i, s in enumerate(stages)],
-        "textposition": "top center", "customdata": [s[1] for s in stages], "cliponaxis": False,
-        "marker": {"size": 28, "symbol": "square",
-                   "color": [_CHAIN_COLOR.get(s[0], style.CUT) for s in stages]},
-        "hovertemplate": "%{text}<br>%{customdata}<extra></extra>", "showlegend": False,
-    }]  # fmt: skip
+    ]
+    data = [
+        {
+            "type": "scatter",
+            "x": xs,
+            "y": ys,
+            "mode": "markers+text",
+            "text": [f"<b>{i + 1}. {s[0]}</b>" for i, s in enumerate(stages)],
+            "textposition": "top center",
+            "customdata": [s[1] for s in stages],
+            "cliponaxis": False,
+            "marker": {
+                "size": 28,
+                "symbol": "square",
+                "color": [_CHAIN_COLOR.get(s[0], style.CUT) for s in stages],
+            },
+            "hovertemplate": "%{text}<br>%{customdata}<extra></extra>",
+            "showlegend": False,
+        }
+    ]
     rows = (n - 1) // per_row + 1
     layout = _base(None, 170 * rows + 30)
     layout.update(
@@ -1208,9 +1484,13 @@ def _legend_below(layout: dict, rows: int = 2) -> dict:
     """The legend under the x axis's title, left-aligned, in room of its own: at the top it
     would cover the subplot titles on a narrow screen."""
     layout["legend"] = {
-        "orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom",
-        "x": 0.0, "xanchor": "left",
-    }  # fmt: skip
+        "orientation": "h",
+        "yref": "container",
+        "y": 0.0,
+        "yanchor": "bottom",
+        "x": 0.0,
+        "xanchor": "left",
+    }
     layout["margin"] = {**layout["margin"], "b": 70 + 22 * rows}
     return layout
 
@@ -1240,30 +1520,53 @@ def lens_layers_figure(step, chosen_text: str, top_texts: Sequence[str]) -> go.F
     layout.update(_stacked(3, titles, 0.08))
     data = [
         {
-            "type": "scatter", "x": x, "y": step.chosen_rank.tolist(), "mode": "lines+markers",
-            "line": {"color": style.KEPT}, "name": chosen, "showlegend": False,
+            "type": "scatter",
+            "x": x,
+            "y": step.chosen_rank.tolist(),
+            "mode": "lines+markers",
+            "line": {"color": style.KEPT},
+            "name": chosen,
+            "showlegend": False,
             "customdata": cd,
             "hovertemplate": "after %{x}<br>" + chosen + " rank %{y}<br>top: %{customdata[0]} "
             "(%{customdata[1]})<extra></extra>",
         },
         {
-            "type": "scatter", "x": x, "y": step.chosen_prob.tolist(), "mode": "lines+markers",
-            "line": {"color": style.KEPT}, "name": f"chosen {chosen}", "xaxis": "x2",
-            "yaxis": "y2", "hovertemplate": "after %{x}<br>%{y:.4f}<extra>chosen</extra>",
+            "type": "scatter",
+            "x": x,
+            "y": step.chosen_prob.tolist(),
+            "mode": "lines+markers",
+            "line": {"color": style.KEPT},
+            "name": f"chosen {chosen}",
+            "xaxis": "x2",
+            "yaxis": "y2",
+            "hovertemplate": "after %{x}<br>%{y:.4f}<extra>chosen</extra>",
         },
         {
-            "type": "scatter", "x": x, "y": step.top_probs[:, 0].tolist(), "mode": "lines",
-            "line": {"color": style.REFERENCE, "dash": "dot"}, "name": "the layer's top token",
-            "xaxis": "x2", "yaxis": "y2", "customdata": cd,
+            "type": "scatter",
+            "x": x,
+            "y": step.top_probs[:, 0].tolist(),
+            "mode": "lines",
+            "line": {"color": style.REFERENCE, "dash": "dot"},
+            "name": "the layer's top token",
+            "xaxis": "x2",
+            "yaxis": "y2",
+            "customdata": cd,
             "hovertemplate": "after %{x}<br>%{customdata[0]} %{y:.4f}<extra>top</extra>",
         },
         {
-            "type": "scatter", "x": x, "y": step.kl.tolist(), "mode": "lines+markers",
-            "line": {"color": style.ENTROPY}, "name": "KL", "showlegend": False,
-            "xaxis": "x3", "yaxis": "y3",
+            "type": "scatter",
+            "x": x,
+            "y": step.kl.tolist(),
+            "mode": "lines+markers",
+            "line": {"color": style.ENTROPY},
+            "name": "KL",
+            "showlegend": False,
+            "xaxis": "x3",
+            "yaxis": "y3",
             "hovertemplate": "after %{x}<br>KL %{y:.3f} nats<extra></extra>",
         },
-    ]  # fmt: skip
+    ]
     layout["yaxis"].update(type="log", autorange="reversed", tickformat=",d", dtick=1)
     layout["yaxis2"].update(range=[0, 1.02])
     layout["yaxis3"].update(rangemode="tozero")
@@ -1303,48 +1606,81 @@ def lens_grid_figure(
     steps = [int(s) for s in grid.steps]
     chosen = [_text(t) for t in chosen_texts]
     trace = {
-        "type": "heatmap", "z": grid.top_prob.tolist(), "x": steps, "y": ys,
-        "zmin": 0.0, "zmax": 1.0, "colorscale": _probability_scale(), "hoverinfo": "skip",
-        "colorbar": {"title": {"text": "top p"}}, "xgap": 1, "ygap": 1,
-    }  # fmt: skip
+        "type": "heatmap",
+        "z": grid.top_prob.tolist(),
+        "x": steps,
+        "y": ys,
+        "zmin": 0.0,
+        "zmax": 1.0,
+        "colorscale": _probability_scale(),
+        "hoverinfo": "skip",
+        "colorbar": {"title": {"text": "top p"}},
+        "xgap": 1,
+        "ygap": 1,
+    }
     # heatmap cells cannot be selected: a transparent marker on every cell carries the hover
     # and the step a click selects (customdata[0], as on every step-axis chart)
     cells = [(r, j) for r in range(rows) for j in range(n)]
     picker = {
-        "type": "scatter", "mode": "markers", "x": [steps[j] for _, j in cells],
-        "y": [ys[r] for r, _ in cells], "showlegend": False, "unselected": _KEEP_OPAQUE,
+        "type": "scatter",
+        "mode": "markers",
+        "x": [steps[j] for _, j in cells],
+        "y": [ys[r] for r, _ in cells],
+        "showlegend": False,
+        "unselected": _KEEP_OPAQUE,
         "marker": {"symbol": "square", "size": 12, "color": style.rgba(style.REFERENCE, 0.0)},
         "customdata": [
-            [steps[j], _text(top_texts[r][j]), chosen[j], fmt_prob(float(grid.chosen_prob[r, j])),
-             int(grid.chosen_rank[r, j]), fmt_prob(float(grid.top_prob[r, j]))]
+            [
+                steps[j],
+                _text(top_texts[r][j]),
+                chosen[j],
+                fmt_prob(float(grid.chosen_prob[r, j])),
+                int(grid.chosen_rank[r, j]),
+                fmt_prob(float(grid.top_prob[r, j])),
+            ]
             for r, j in cells
         ],
         "hovertemplate": "step %{customdata[0]}, after %{y}<br>top: %{customdata[1]} "
         "(%{customdata[5]})<br>chosen %{customdata[2]}: p %{customdata[3]}, rank "
         "%{customdata[4]}<extra></extra>",
-    }  # fmt: skip
+    }
     if n <= LENS_TEXT_COLS:
         trace["text"] = [[_show(top_texts[r][j]) for j in range(n)] for r in range(rows)]
         trace["texttemplate"] = "%{text}"
         trace["textfont"] = {"size": 9}
     xaxis: dict = {"title": {"text": "step"}}
     if n <= LENS_TEXT_COLS:
-        xaxis.update(tickvals=steps, ticktext=[f"{s} {_show(t)}" for s, t in zip(steps, chosen_texts, strict=True)],
-                     tickangle=-60, tickfont={"size": 10})  # fmt: skip
+        xaxis.update(
+            tickvals=steps,
+            ticktext=[f"{s} {_show(t)}" for s, t in zip(steps, chosen_texts, strict=True)],
+            tickangle=-60,
+            tickfont={"size": 10},
+        )
     layout = _base(None, max(360, 16 * rows + 200))
     # the cells exactly: the markers would pad an automatic range
     xaxis["range"] = [steps[0] - 0.5, steps[-1] + 0.5] if steps else None
     layout.update(
         xaxis=xaxis,
-        yaxis={"title": {"text": "after layer"}, "type": "category", "tickfont": {"size": 10},
-               "range": [-0.5, rows - 0.5]},
-    )  # fmt: skip
+        yaxis={
+            "title": {"text": "after layer"},
+            "type": "category",
+            "tickfont": {"size": 10},
+            "range": [-0.5, rows - 0.5],
+        },
+    )
     if selected is not None and selected in steps:
-        layout["shapes"] = [{
-            "type": "rect", "xref": "x", "x0": selected - 0.5, "x1": selected + 0.5,
-            "yref": "y domain", "y0": 0, "y1": 1,  # no fill: the default
-            "line": {"color": style.FOCUS, "width": 3},
-        }]  # fmt: skip
+        layout["shapes"] = [
+            {
+                "type": "rect",
+                "xref": "x",
+                "x0": selected - 0.5,
+                "x1": selected + 0.5,
+                "yref": "y domain",
+                "y0": 0,
+                "y1": 1,  # no fill: the default
+                "line": {"color": style.FOCUS, "width": 3},
+            }
+        ]
     return _figure([trace, picker], layout)
 
 
@@ -1355,12 +1691,20 @@ def _attribution_bars(
     out = []
     for t, (row, text) in enumerate(zip(terms, token_texts, strict=True)):
         name = ("chosen " if t == 0 else "runner-up " if t == 1 else "") + _text(text)
-        out.append({
-            "type": "bar", "x": list(x), "y": [float(v) for v in row], "name": name,
-            "marker": {"color": colors[t % len(colors)]}, "xaxis": f"x{axis}",
-            "yaxis": f"y{axis}", "legendgroup": name, "showlegend": axis in ("", "1"),
-            "hovertemplate": "%{x}<br>%{y:+.3f} to the logit<extra>" + name + "</extra>",
-        })  # fmt: skip
+        out.append(
+            {
+                "type": "bar",
+                "x": list(x),
+                "y": [float(v) for v in row],
+                "name": name,
+                "marker": {"color": colors[t % len(colors)]},
+                "xaxis": f"x{axis}",
+                "yaxis": f"y{axis}",
+                "legendgroup": name,
+                "showlegend": axis in ("", "1"),
+                "hovertemplate": "%{x}<br>%{y:+.3f} to the logit<extra>" + name + "</extra>",
+            }
+        )
     return out
 
 
@@ -1415,36 +1759,58 @@ def attention_metrics_figure(df, series: dict, *, selected: int | None = None) -
     series : ``semviz.analysis.lens.attention_series`` of the run (per-step arrays)
     selected : the step to highlight
     """
-    titles = ["logits: entropy, varentropy (right)",
-              "attention: entropy, varentropy (right), mean over heads",
-              "heads: agreement, interaction strength (right)"]  # fmt: skip
+    titles = [
+        "logits: entropy, varentropy (right)",
+        "attention: entropy, varentropy (right), mean over heads",
+        "heads: agreement, interaction strength (right)",
+    ]
     layout = _base(None, 600)
     layout.update(_stacked(3, titles, 0.08))
     steps, cd = _col(df, "step"), _step_data(df)
     rows = (
-        (("entropy", _col(df, "entropy"), style.ENTROPY, "solid"),
-         ("varentropy", _col(df, "varentropy"), style.VARENTROPY, "dot")),
-        (("attention entropy", series["entropy"], style.ENTROPY, "solid"),
-         ("attention varentropy", series["varentropy"], style.VARENTROPY, "dot")),
-        (("head agreement", series["agreement"], style.REFERENCE, "solid"),
-         ("interaction strength", series["interaction"], style.FREE_ENERGY, "dot")),
-    )  # fmt: skip
+        (
+            ("entropy", _col(df, "entropy"), style.ENTROPY, "solid"),
+            ("varentropy", _col(df, "varentropy"), style.VARENTROPY, "dot"),
+        ),
+        (
+            ("attention entropy", series["entropy"], style.ENTROPY, "solid"),
+            ("attention varentropy", series["varentropy"], style.VARENTROPY, "dot"),
+        ),
+        (
+            ("head agreement", series["agreement"], style.REFERENCE, "solid"),
+            ("interaction strength", series["interaction"], style.FREE_ENERGY, "dot"),
+        ),
+    )
     data = []
     for r, pair in enumerate(rows, start=1):
         sfx = "" if r == 1 else str(r)
         for k, (name, ys, color, dash) in enumerate(pair):
             ys = [None if v is None or not math.isfinite(float(v)) else float(v) for v in ys]
-            data.append({
-                "type": "scatter", "x": steps, "y": ys, "mode": "lines+markers",
-                "marker": {"size": 4}, "line": {"color": color, "dash": dash}, "name": name,
-                "xaxis": f"x{sfx}", "yaxis": f"y{sfx}" if k == 0 else f"y{3 + r}",
-                "customdata": cd, "unselected": _KEEP_OPAQUE,
-                "hovertemplate": "step %{x} %{customdata[1]}<br>%{y:.4g}<extra>" + name + "</extra>",
-            })  # fmt: skip
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": steps,
+                    "y": ys,
+                    "mode": "lines+markers",
+                    "marker": {"size": 4},
+                    "line": {"color": color, "dash": dash},
+                    "name": name,
+                    "xaxis": f"x{sfx}",
+                    "yaxis": f"y{sfx}" if k == 0 else f"y{3 + r}",
+                    "customdata": cd,
+                    "unselected": _KEEP_OPAQUE,
+                    "hovertemplate": "step %{x} %{customdata[1]}<br>%{y:.4g}<extra>"
+                    + name
+                    + "</extra>",
+                }
+            )
         layout[f"yaxis{3 + r}"] = {
-            "overlaying": f"y{sfx}", "side": "right", "showgrid": False, "rangemode": "tozero",
+            "overlaying": f"y{sfx}",
+            "side": "right",
+            "showgrid": False,
+            "rangemode": "tozero",
             "anchor": f"x{sfx}",
-        }  # fmt: skip
+        }
     layout["shapes"] = _vlines(selected, None, ("", "2", "3"), n=len(df))
     layout["xaxis3"]["title"] = {"text": "step"}
     layout["height"] += 60
@@ -1459,21 +1825,36 @@ def quadrant_figure(df, *, selected: int | None = None, max_labels: int = 60) ->
     data = []
     if selected is not None and 0 <= selected < len(df):
         row = df.iloc[selected]
-        data.append({
-            "type": "scatter", "x": [float(row["entropy"])], "y": [float(row["varentropy"])],
-            "mode": "markers", "name": f"selected step {selected}", "hoverinfo": "skip",
-            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)}, "showlegend": False,
-        })  # fmt: skip
+        data.append(
+            {
+                "type": "scatter",
+                "x": [float(row["entropy"])],
+                "y": [float(row["varentropy"])],
+                "mode": "markers",
+                "name": f"selected step {selected}",
+                "hoverinfo": "skip",
+                "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
+                "showlegend": False,
+            }
+        )
     label = len(df) <= max_labels
-    data.append({
-        "type": "scatter", "x": _col(df, "entropy"), "y": _col(df, "varentropy"),
-        "mode": "markers+text" if label else "markers", "name": "step",
-        "text": [_show(t) for t in _col(df, "token")] if label else None,
-        "textposition": "top center", "textfont": {"size": 10}, "showlegend": False,
-        "marker": {"color": style.ENTROPY, "size": 7}, "customdata": _step_data(df),
-        "unselected": _KEEP_OPAQUE,
-        "hovertemplate": "step %{customdata[0]} %{customdata[1]}<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
-    })  # fmt: skip
+    data.append(
+        {
+            "type": "scatter",
+            "x": _col(df, "entropy"),
+            "y": _col(df, "varentropy"),
+            "mode": "markers+text" if label else "markers",
+            "name": "step",
+            "text": [_show(t) for t in _col(df, "token")] if label else None,
+            "textposition": "top center",
+            "textfont": {"size": 10},
+            "showlegend": False,
+            "marker": {"color": style.ENTROPY, "size": 7},
+            "customdata": _step_data(df),
+            "unselected": _KEEP_OPAQUE,
+            "hovertemplate": "step %{customdata[0]} %{customdata[1]}<br>H=%{x:.3f}, V=%{y:.3f}<extra></extra>",
+        }
+    )
     layout = _base(None, 420)
     layout.update(
         xaxis={"title": {"text": "entropy H, nats"}, "rangemode": "tozero"},
@@ -1484,14 +1865,45 @@ def quadrant_figure(df, *, selected: int | None = None, max_labels: int = 60) ->
         mh, mv = float(df["entropy"].median()), float(df["varentropy"].median())
         line = {"color": style.REFERENCE, "width": 1, "dash": "dash"}
         layout["shapes"] = [
-            {"type": "line", "xref": "x", "x0": mh, "x1": mh, "yref": "y domain", "y0": 0, "y1": 1, "line": line},
-            {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": mv, "y1": mv, "line": line},
-        ]  # fmt: skip
-        corners = (("sure", 0.01, 0.01, "left", "bottom"), ("evenly unsure", 0.99, 0.01, "right", "bottom"),
-                   ("a few options", 0.01, 0.99, "left", "top"), ("lost", 0.99, 0.99, "right", "top"))  # fmt: skip
+            {
+                "type": "line",
+                "xref": "x",
+                "x0": mh,
+                "x1": mh,
+                "yref": "y domain",
+                "y0": 0,
+                "y1": 1,
+                "line": line,
+            },
+            {
+                "type": "line",
+                "xref": "x domain",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": mv,
+                "y1": mv,
+                "line": line,
+            },
+        ]
+        corners = (
+            ("sure", 0.01, 0.01, "left", "bottom"),
+            ("evenly unsure", 0.99, 0.01, "right", "bottom"),
+            ("a few options", 0.01, 0.99, "left", "top"),
+            ("lost", 0.99, 0.99, "right", "top"),
+        )
         layout["annotations"] = [
-            {"text": t, "x": x, "y": y, "xref": "x domain", "yref": "y domain", "xanchor": xa,
-             "yanchor": ya, "showarrow": False, "font": {"size": 11, "color": style.REFERENCE}}
+            {
+                "text": t,
+                "x": x,
+                "y": y,
+                "xref": "x domain",
+                "yref": "y domain",
+                "xanchor": xa,
+                "yanchor": ya,
+                "showarrow": False,
+                "font": {"size": 11, "color": style.REFERENCE},
+            }
             for t, x, y, xa, ya in corners
-        ]  # fmt: skip
+        ]
     return _figure(data, layout)

@@ -113,10 +113,11 @@ def head_view_html(
         layers.append(f'<img class="hv-h{h}" src="{uri}" alt="head {h}">')
     toks = [
         f'<span class="hv-tok" style="left:{x1 + 6}px;top:{8 + r * ROW}px" title="position '
-        f"{j}: " + ", ".join(f"head {h} {a[h, j]:.4f}" for h in range(H))
+        f"{j}: "
+        + ", ".join(f"head {h} {a[h, j]:.4f}" for h in range(H))
         + f'">{j} {_label(labels[j])}</span>'
         for r, j in enumerate(shown)
-    ]  # fmt: skip
+    ]
     query_tok = (
         f'<span class="hv-tok" style="right:{WIDTH - x0 + 6}px;top:{qy - ROW / 2:.1f}px;'
         f'font-weight:bold">{_label(query)}</span>'
@@ -131,11 +132,13 @@ def head_view_html(
         )
     box = (
         f'<div class="hv-box" role="img" aria-label="layer {layer}: what {_label(query)} read">'
-        + "".join(layers) + query_tok + "".join(toks) + "</div>"
-    )  # fmt: skip
+        + "".join(layers)
+        + query_tok
+        + "".join(toks)
+        + "</div>"
+    )
     return (
         f'<div id="{key}"><style>{"".join(css)}</style>'
         f'<p style="font:13px sans-serif">Layer {layer}: what {_label(query)} read, '
-        f"each head's {k} strongest links</p>"
-        + "".join(toggles) + box + rest + "</div>"
-    )  # fmt: skip
+        f"each head's {k} strongest links</p>" + "".join(toggles) + box + rest + "</div>"
+    )

@@ -107,13 +107,19 @@ class View:
         per-step view shows, so a PNG read on its own says what it is."""
         return {
             "title": {
-                "text": escape.plotly(self.export_title), "x": 0, "xanchor": "left",
-                "xref": "container", "y": 1, "yanchor": "top", "yref": "container",
-                "pad": {"t": 12, "l": 14}, "font": {"size": 16},
+                "text": escape.plotly(self.export_title),
+                "x": 0,
+                "xanchor": "left",
+                "xref": "container",
+                "y": 1,
+                "yanchor": "top",
+                "yref": "container",
+                "pad": {"t": 12, "l": 14},
+                "font": {"size": 16},
             },
             "margin": {"t": _margin_top(self.figure) + TITLE_ROOM},
             "height": self.png_height,
-        }  # fmt: skip
+        }
 
     def exported(self):
         """The figure as a file shows it: on the light export template, whatever theme the
@@ -207,13 +213,17 @@ def views(
     out += _step_views(trace, params, sel, _labeler(trace, tokenizer), whatif)
     out += _recorded_views(trace, sel)
     out += _lens_views(trace, sel, _labeler(trace, tokenizer), lm)
-    out.append(View(
-        "chain", "The sampling chain",
-        "The settings " + ("of the what-if" if whatif is not None else "the run used")
-        + ", in the order the core runs them.",
-        charts.chain_figure(params),
-        width=1400,  # five boxes a row with their captions need the room
-    ))  # fmt: skip
+    out.append(
+        View(
+            "chain",
+            "The sampling chain",
+            "The settings "
+            + ("of the what-if" if whatif is not None else "the run used")
+            + ", in the order the core runs them.",
+            charts.chain_figure(params),
+            width=1400,  # five boxes a row with their captions need the room
+        )
+    )
     return out
 
 
@@ -229,21 +239,27 @@ def _run_views(trace: Trace, params: PruneParams, sel: int, whatif: WhatIf | Non
         mark += f", the pink line the first step the what-if changes ({first})"
     return [
         View(
-            "entropy", "Entropy and varentropy per step",
+            "entropy",
+            "Entropy and varentropy per step",
             f"Raw next-token entropy (nats) with the thresholds the settings act on; {mark}.",
-            charts.entropy_figure(df, params, selected=sel, first_diff=first), step=sel,
+            charts.entropy_figure(df, params, selected=sel, first_diff=first),
+            step=sel,
         ),
         View(
-            "thermo", "Effective temperature, free energy and kept-set size",
+            "thermo",
+            "Effective temperature, free energy and kept-set size",
             "What the sampler did at each step; crosses mark the safety fallback.",
-            charts.thermo_figure(df, selected=sel, first_diff=first), step=sel,
+            charts.thermo_figure(df, selected=sel, first_diff=first),
+            step=sel,
         ),
         View(
-            "entropy_scatter", "Entropy × varentropy",
+            "entropy_scatter",
+            "Entropy × varentropy",
             "One point per step, coloured by what the sampler did.",
-            charts.entropy_scatter(df, selected=sel), step=sel,
+            charts.entropy_scatter(df, selected=sel),
+            step=sel,
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _step_views(
@@ -263,33 +279,43 @@ def _step_views(
     top = min(charts.TOP, rec.cand_ids.numel())
     shown = max(top, chosen + 1)
     token = labels([whatif.token_ids[sel] if whatif is not None else rec.token_id])[0]
-    out = [View(
-        "distribution", f"Step {sel}: the distribution at each stage",
-        f"Top {top} candidates by raw logit; the yellow band marks the token taken "
-        f"({token!r}), pale hatched bars were pruned.",
-        charts.distribution_figure(
-            labels(rec.cand_ids[:shown].tolist()), stages, kept=kept, chosen=chosen, top=top
-        ),
-    )]  # fmt: skip
+    out = [
+        View(
+            "distribution",
+            f"Step {sel}: the distribution at each stage",
+            f"Top {top} candidates by raw logit; the yellow band marks the token taken "
+            f"({token!r}), pale hatched bars were pruned.",
+            charts.distribution_figure(
+                labels(rec.cand_ids[:shown].tolist()), stages, kept=kept, chosen=chosen, top=top
+            ),
+        )
+    ]
     wf = [w.to_dict() for w in res.waterfall] if res is not None else rec.waterfall
-    out.append(View(
-        "waterfall", f"Step {sel}: what each pruning stage removed",
-        "Mass removed by each stage (share of what entered it) and the candidates left.",
-        charts.waterfall_figure(wf),
-    ))  # fmt: skip
+    out.append(
+        View(
+            "waterfall",
+            f"Step {sel}: what each pruning stage removed",
+            "Mass removed by each stage (share of what entered it) and the candidates left.",
+            charts.waterfall_figure(wf),
+        )
+    )
     if (
         "gravity" in stages
         and "raw" in stages
         and not np.array_equal(stages["gravity"], stages["raw"])
     ):
         k = min(200, len(stages["raw"]))
-        out.append(View(
-            "rank_shift", f"Step {sel}: ranks before and after gravity",
-            "Green lines: tokens gravity promoted; red: demoted; ranks below the top 15 sit "
-            "in lanes under the dashed line.",
-            charts.rank_shift_figure(labels(rec.cand_ids[:k].tolist()), stages["raw"][:k],
-                                     stages["gravity"][:k]),
-        ))  # fmt: skip
+        out.append(
+            View(
+                "rank_shift",
+                f"Step {sel}: ranks before and after gravity",
+                "Green lines: tokens gravity promoted; red: demoted; ranks below the top 15 sit "
+                "in lanes under the dashed line.",
+                charts.rank_shift_figure(
+                    labels(rec.cand_ids[:k].tolist()), stages["raw"][:k], stages["gravity"][:k]
+                ),
+            )
+        )
     return out
 
 
@@ -304,45 +330,64 @@ def _recorded_views(trace: Trace, sel: int) -> list[View]:
     ] + [_printable(s.token_text) if s.token_hex is None else style.step_token(s) for s in steps]
     if rec.attention is not None:
         pos = rec.cache_positions.long().tolist()
-        out.append(View(
-            "attention", f"Step {sel}: attention by layer over the context",
-            "Last-query attention, mean over heads, per layer and cached position; coloured by "
-            "log10 of the mass, so the structure beside the attention sink shows.",
-            charts.attention_heatmap(
-                rec.attention.float().numpy(), [ctx_tokens[p] if p < len(ctx_tokens) else "?" for p in pos]
-            ),
-        ))  # fmt: skip
+        out.append(
+            View(
+                "attention",
+                f"Step {sel}: attention by layer over the context",
+                "Last-query attention, mean over heads, per layer and cached position; coloured by "
+                "log10 of the mass, so the structure beside the attention sink shows.",
+                charts.attention_heatmap(
+                    rec.attention.float().numpy(),
+                    [ctx_tokens[p] if p < len(ctx_tokens) else "?" for p in pos],
+                ),
+            )
+        )
     if any(s.attention is not None for s in steps):
-        out.append(View(
-            "attention_flow", "Where each step's attention sat",
-            "Steps × original positions, mean over layers and heads, on the same log scale.",
-            charts.attention_flow(steps, n_positions=len(ctx_tokens)),
-        ))  # fmt: skip
+        out.append(
+            View(
+                "attention_flow",
+                "Where each step's attention sat",
+                "Steps × original positions, mean over layers and heads, on the same log scale.",
+                charts.attention_flow(steps, n_positions=len(ctx_tokens)),
+            )
+        )
     if "eviction" in trace.settings:
-        out.append(View(
-            "kv_timeline", "KV cache: kept and evicted positions, layer 0",
-            "Steps × original positions in layer 0's cache: blue kept, orange evicted, blank "
-            "not yet written. Each layer keeps its own positions; the app's KV page picks the "
-            "layer.",
-            charts.kv_timeline_figure(steps, n_positions=len(ctx_tokens), layer=0, selected=sel),
-            step=sel,
-        ))  # fmt: skip
+        out.append(
+            View(
+                "kv_timeline",
+                "KV cache: kept and evicted positions, layer 0",
+                "Steps × original positions in layer 0's cache: blue kept, orange evicted, blank "
+                "not yet written. Each layer keeps its own positions; the app's KV page picks the "
+                "layer.",
+                charts.kv_timeline_figure(
+                    steps, n_positions=len(ctx_tokens), layer=0, selected=sel
+                ),
+                step=sel,
+            )
+        )
     m = trace.model
     bpt = None
     if all(k in m for k in ("num_layers", "num_kv_heads", "head_dim")):
         with contextlib.suppress(ValueError):  # a dtype this torch does not know: no formula
             bpt = kv_bytes_per_token(m)
-    out.append(View(
-        "cache_bytes", "KV cache size per step",
-        "Measured bytes held by the cache, against the formula for a full cache.",
-        charts.cache_bytes_figure(steps, bytes_per_token=bpt, prompt_len=len(trace.prompt_ids)),
-    ))  # fmt: skip
-    out.append(View(
-        "timing", "Prefill and decode time",
-        "Prefill reads the whole prompt in one forward; decoding runs one forward per token.",
-        charts.timing_figure(trace.prefill_seconds, len(trace.prompt_ids),
-                             [s.t_forward for s in steps]),
-    ))  # fmt: skip
+    out.append(
+        View(
+            "cache_bytes",
+            "KV cache size per step",
+            "Measured bytes held by the cache, against the formula for a full cache.",
+            charts.cache_bytes_figure(steps, bytes_per_token=bpt, prompt_len=len(trace.prompt_ids)),
+        )
+    )
+    out.append(
+        View(
+            "timing",
+            "Prefill and decode time",
+            "Prefill reads the whole prompt in one forward; decoding runs one forward per token.",
+            charts.timing_figure(
+                trace.prefill_seconds, len(trace.prompt_ids), [s.t_forward for s in steps]
+            ),
+        )
+    )
     return out
 
 
@@ -369,45 +414,67 @@ def _lens_views(trace: Trace, sel: int, labels, lm) -> list[View]:
             s = None
         if s is not None:
             token = _printable(rec.token_text)
-            out.append(View(
-                "lens_layers", f"Step {sel}: the logit lens, layer by layer",
-                f"The rank and probability of {token!r} when the residual stream after each "
-                "layer is read through the final norm and LM head; the last row is the model's "
-                "own distribution.",
-                charts.lens_layers_figure(s, rec.token_text, labels(s.top_ids[:, 0].tolist())),
-            ))  # fmt: skip
-            out.append(View(
-                "lens_grid", "The logit lens: each layer's top token at every step",
-                "Layers × steps, coloured by the probability of the layer's top token.",
-                charts.lens_grid_figure(
-                    grid, [labels(row) for row in grid.top_id.tolist()],
-                    [r.token_text for r in shown], selected=sel,
-                ),
-                width=1400, step=sel,
-            ))  # fmt: skip
+            out.append(
+                View(
+                    "lens_layers",
+                    f"Step {sel}: the logit lens, layer by layer",
+                    f"The rank and probability of {token!r} when the residual stream after each "
+                    "layer is read through the final norm and LM head; the last row is the model's "
+                    "own distribution.",
+                    charts.lens_layers_figure(s, rec.token_text, labels(s.top_ids[:, 0].tolist())),
+                )
+            )
+            out.append(
+                View(
+                    "lens_grid",
+                    "The logit lens: each layer's top token at every step",
+                    "Layers × steps, coloured by the probability of the layer's top token.",
+                    charts.lens_grid_figure(
+                        grid,
+                        [labels(row) for row in grid.top_id.tolist()],
+                        [r.token_text for r in shown],
+                        selected=sel,
+                    ),
+                    width=1400,
+                    step=sel,
+                )
+            )
             names = labels(ba.token_ids.tolist())
-            out.append(View(
-                "lens_blocks", f"Step {sel}: each block's direct share of the logit",
-                "Direct logit attribution of the chosen token and the runner-up, the final norm "
-                "linearised at the final residual: "
-                + "; ".join(f"{_printable(n)!r} logit {float(v):.2f}" for n, v in zip(names, ba.logit, strict=True))
-                + ".",
-                charts.block_contributions_figure(ba, names),
-            ))  # fmt: skip
+            out.append(
+                View(
+                    "lens_blocks",
+                    f"Step {sel}: each block's direct share of the logit",
+                    "Direct logit attribution of the chosen token and the runner-up, the final norm "
+                    "linearised at the final residual: "
+                    + "; ".join(
+                        f"{_printable(n)!r} logit {float(v):.2f}"
+                        for n, v in zip(names, ba.logit, strict=True)
+                    )
+                    + ".",
+                    charts.block_contributions_figure(ba, names),
+                )
+            )
     if any(r.attn_metrics is not None for r in steps):
         df = charts.step_frame(trace)
-        out.append(View(
-            "attention_metrics", "Attention metrics per step (entropix)",
-            "Attention entropy and varentropy of the last layer's last query (mean over heads), "
-            "head agreement and interaction strength, beside the logits' entropy and varentropy.",
-            charts.attention_metrics_figure(df, lens.attention_series(trace), selected=sel),
-            step=sel,
-        ))  # fmt: skip
-        out.append(View(
-            "quadrant", "The entropix quadrant",
-            "Each step's logits entropy × varentropy, split at the run's medians.",
-            charts.quadrant_figure(df, selected=sel), step=sel,
-        ))  # fmt: skip
+        out.append(
+            View(
+                "attention_metrics",
+                "Attention metrics per step (entropix)",
+                "Attention entropy and varentropy of the last layer's last query (mean over heads), "
+                "head agreement and interaction strength, beside the logits' entropy and varentropy.",
+                charts.attention_metrics_figure(df, lens.attention_series(trace), selected=sel),
+                step=sel,
+            )
+        )
+        out.append(
+            View(
+                "quadrant",
+                "The entropix quadrant",
+                "Each step's logits entropy × varentropy, split at the run's medians.",
+                charts.quadrant_figure(df, selected=sel),
+                step=sel,
+            )
+        )
     return out
 
 
@@ -681,8 +748,12 @@ def _playwright_export(
                 loc = page.locator(f"#chart-{v.name}")
                 loc.scroll_into_view_if_needed()
                 box = loc.bounding_box()  # the page may place it at a fractional offset
-                clip = {"x": round(box["x"]), "y": round(box["y"]), "width": v.width,
-                        "height": v.png_height}  # fmt: skip
+                clip = {
+                    "x": round(box["x"]),
+                    "y": round(box["y"]),
+                    "width": v.width,
+                    "height": v.png_height,
+                }
                 with files.atomic_path(path) as tmp:
                     page.screenshot(path=str(tmp), clip=clip, type="png")
                 done.append(path)
@@ -901,9 +972,13 @@ def build(
 
         try:
             pngs, manifest["png_engine"] = export_pngs(
-                vs, png_dir, engine=engine, html_path=html_path, progress=sub,
+                vs,
+                png_dir,
+                engine=engine,
+                html_path=html_path,
+                progress=sub,
                 should_stop=should_stop,
-            )  # fmt: skip
+            )
         except Exception as exc:  # the browser would not start, or timed out
             detail = (str(exc).strip().splitlines() or ["no detail"])[0][:120]
             raise PngExportError(

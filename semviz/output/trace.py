@@ -449,8 +449,10 @@ def _check_tail(t: Any, where: str, outside: int | None) -> None:
     _obj(t, where)
     keys = set(t)
     if not _TAIL_KEYS <= keys <= _TAIL_KEYS | {"g_lo", "g_hi"}:
-        raise _bad(where, "a tail summary has the keys top, bottom, width, dead, counts, lse "
-                          "(and g_lo, g_hi)")  # fmt: skip
+        raise _bad(
+            where,
+            "a tail summary has the keys top, bottom, width, dead, counts, lse (and g_lo, g_hi)",
+        )
     _float(t["width"], f"{where}.width", 1e-6, 1e3)
     top, bottom = _float(t["top"], f"{where}.top"), _float(t["bottom"], f"{where}.bottom")
     if bottom > top:
@@ -463,8 +465,9 @@ def _check_tail(t: Any, where: str, outside: int | None) -> None:
     dead = _int(t["dead"], f"{where}.dead", 0)
     total = int(counts.long().sum()) + dead
     if outside is not None and total != outside:
-        raise _bad(f"{where}.counts", f"count {total:,} tokens, but {outside:,} lie outside the "
-                                      "candidates")  # fmt: skip
+        raise _bad(
+            f"{where}.counts", f"count {total:,} tokens, but {outside:,} lie outside the candidates"
+        )
     lse = _tensor(t["lse"], f"{where}.lse", torch.float32, (n_bins,))
     if bool(torch.isnan(lse).any()) or bool((lse == math.inf).any()):
         raise _bad(f"{where}.lse", "holds NaN or +inf")
@@ -714,8 +717,10 @@ class Trace:
     @property
     def prompt_text(self) -> str:
         """The prompt as the model read it (chat template included), its tokens' bytes joined."""
-        return _join_bytes(self.prompt_tokens, [self.prompt_hex.get(str(i)) for i in
-                                                range(len(self.prompt_tokens))])  # fmt: skip
+        return _join_bytes(
+            self.prompt_tokens,
+            [self.prompt_hex.get(str(i)) for i in range(len(self.prompt_tokens))],
+        )
 
     @property
     def text(self) -> str:
