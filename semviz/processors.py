@@ -338,9 +338,14 @@ class FreeEnergyLogitsWarper(_StandardWarper):
             raise ValueError(f"`temperature` has to be a float > 0, got {temperature!r}")
         self.kappa, self.temperature = float(kappa), float(temperature)
         super().__init__(
-            "free_energy", filter_value, min_tokens_to_keep, "stable", free_energy=True,
-            free_energy_kappa=self.kappa, temperature=self.temperature,
-        )  # fmt: skip
+            "free_energy",
+            filter_value,
+            min_tokens_to_keep,
+            "stable",
+            free_energy=True,
+            free_energy_kappa=self.kappa,
+            temperature=self.temperature,
+        )
 
 
 class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):

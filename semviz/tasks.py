@@ -454,8 +454,16 @@ class CompareTask(Task):
 
     label = "Compare"
 
-    def __init__(self, lm, prompt: str, sides: Sequence, *, steps: int, seed: int = 0,
-                 chat: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lm,
+        prompt: str,
+        sides: Sequence,
+        *,
+        steps: int,
+        seed: int = 0,
+        chat: bool | None = None,
+    ) -> None:
         super().__init__()
         self.lm, self.prompt, self.sides = lm, prompt, list(sides)
         self.steps, self.seed, self.chat = int(steps), int(seed), chat
@@ -466,8 +474,14 @@ class CompareTask(Task):
 
         with turns.turn():
             if self.cmp is None:
-                self.cmp = compare.start(self.lm, self.prompt, self.sides, steps=self.steps,
-                                         seed=self.seed, chat=self.chat)  # fmt: skip
+                self.cmp = compare.start(
+                    self.lm,
+                    self.prompt,
+                    self.sides,
+                    steps=self.steps,
+                    seed=self.seed,
+                    chat=self.chat,
+                )
             else:
                 compare.advance(self.cmp, seconds=0.0)  # one token a side
         if self.cmp.finished:
@@ -487,8 +501,10 @@ class CompareTask(Task):
             return Progress(0, self.steps, "reading the prompt", seconds=self.seconds)
         made = [len(t.steps) for t in self.cmp.traces]
         # a side the model ended early (EOS) is finished, not behind
-        done = sum(self.steps if t.stop_reason not in (None, "max_new_tokens") else n
-                   for t, n in zip(self.cmp.traces, made, strict=True))  # fmt: skip
+        done = sum(
+            self.steps if t.stop_reason not in (None, "max_new_tokens") else n
+            for t, n in zip(self.cmp.traces, made, strict=True)
+        )
         total = self.steps * len(made)
         return Progress(done, total, "decoding both sides", seconds=self.seconds)
 
@@ -522,8 +538,7 @@ class KVEvalTask(Task):
         return not self.run.finished
 
     def progress(self) -> Progress:
-        return Progress(self.run.done, self.run.total, self.run.label(),
-                        seconds=self.token_seconds)  # fmt: skip
+        return Progress(self.run.done, self.run.total, self.run.label(), seconds=self.token_seconds)
 
     def result(self) -> list[dict]:
         return self.run.rows()
@@ -549,16 +564,28 @@ class GravityTask(Task):
 
         start = len(self.gravities)
         with turns.turn():
-            outs = gravity_slice(self.model, self.trace, self.params, self.hidden, start,
-                                 min(start + self.chunk, self.total), upto=self.total,
-                                 ema=self._ema)  # fmt: skip
+            outs = gravity_slice(
+                self.model,
+                self.trace,
+                self.params,
+                self.hidden,
+                start,
+                min(start + self.chunk, self.total),
+                upto=self.total,
+                ema=self._ema,
+            )
         self.gravities += [o.gravity for o in outs]
         self._ema = outs[-1].ema if outs else None
         return len(self.gravities) < self.total
 
     def progress(self) -> Progress:
-        return Progress(len(self.gravities), self.total, "recomputing gravity", unit="steps",
-                        seconds=self.seconds)  # fmt: skip
+        return Progress(
+            len(self.gravities),
+            self.total,
+            "recomputing gravity",
+            unit="steps",
+            seconds=self.seconds,
+        )
 
     def result(self) -> list:
         return list(self.gravities)
@@ -604,8 +631,9 @@ class FrontierTask(Task):
 
     label = "Sweep"
 
-    def __init__(self, lm, cfg, out: str | Path, *, judge=None, workers: int = 0,
-                 model: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, lm, cfg, out: str | Path, *, judge=None, workers: int = 0, model: str | None = None
+    ) -> None:
         super().__init__()
         self.lm, self.cfg, self.out, self.judge = lm, cfg, out, judge
         self.workers, self.model = int(workers), model
@@ -626,8 +654,9 @@ class FrontierTask(Task):
             spec = ModelSpec(self.model or None, threads=1)
             task = sweep_task(self.cfg, score=True, judge=judge)
             with Executor(task, model=spec, workers=self.workers) as ex:
-                self._result = run_sweep(None, self.cfg, self.out, executor=ex,
-                                         on_progress=self._tick, should_stop=stop)  # fmt: skip
+                self._result = run_sweep(
+                    None, self.cfg, self.out, executor=ex, on_progress=self._tick, should_stop=stop
+                )
         else:
             with turns.turn() as turn:
 
@@ -635,8 +664,14 @@ class FrontierTask(Task):
                     self._tick(p)
                     turn.let_others()
 
-                self._result = run_sweep(self.lm, self.cfg, self.out, judge=self.judge,
-                                         on_progress=tick, should_stop=stop)  # fmt: skip
+                self._result = run_sweep(
+                    self.lm,
+                    self.cfg,
+                    self.out,
+                    judge=self.judge,
+                    on_progress=tick,
+                    should_stop=stop,
+                )
         if self._result.stopped:
             self.stopped = True
         return False
@@ -646,12 +681,14 @@ class FrontierTask(Task):
 
     def progress(self) -> Progress:
         p = self._progress
-        spent = self.seconds if self._t0 is None or self.finished else (
-            time.perf_counter() - self._t0)  # fmt: skip
+        spent = (
+            self.seconds if self._t0 is None or self.finished else (time.perf_counter() - self._t0)
+        )
         if p is None:
             return Progress(0, None, "loading the judge", unit="rows", seconds=spent)
-        return Progress(int(round(p.fraction * p.rows_total)), p.rows_total, p.point,
-                        unit="rows", seconds=spent)  # fmt: skip
+        return Progress(
+            int(round(p.fraction * p.rows_total)), p.rows_total, p.point, unit="rows", seconds=spent
+        )
 
     def result(self) -> Any:
         return self._result
@@ -676,8 +713,9 @@ class ReportTask(Task):
         def say(msg: str, frac: float) -> None:
             self._say = (msg, frac)
 
-        self._report = report.build(self.trace, self.out, progress=say,
-                                    should_stop=lambda: self.stopping, **self.kw)  # fmt: skip
+        self._report = report.build(
+            self.trace, self.out, progress=say, should_stop=lambda: self.stopping, **self.kw
+        )
         self.stopped = self.stopping
         return False
 

@@ -213,9 +213,14 @@ def evict_session(policy: Any, session: Any, attention: Tensor) -> dict:
     rows = KVRows.of(session.cache, session.positions)
     hidden = getattr(session, "hidden", None)
     view = view_of(
-        rows, 0, attention[:, None], lm=session.lm, n_seen=len(session.ids), ids=session.ids,
+        rows,
+        0,
+        attention[:, None],
+        lm=session.lm,
+        n_seen=len(session.ids),
+        ids=session.ids,
         hidden=hidden if policy.needs_hidden else None,
-    )  # fmt: skip
+    )
     plan = policy.plan(view)
     apply_plans(rows, [plan])
     session.positions = rows.row_positions(0)

@@ -122,9 +122,13 @@ class _Batch:
         pos = torch.arange(start, stop)  # (T,)
         t0 = time.perf_counter()
         out = forward(
-            self.lm.model, chunk.expand(b, -1).to(dev), pos.expand(b, -1).to(dev),
-            self.rows.cache, capture=True, masks=self.rows.masks(stop - start),
-        )  # fmt: skip
+            self.lm.model,
+            chunk.expand(b, -1).to(dev),
+            pos.expand(b, -1).to(dev),
+            self.rows.cache,
+            capture=True,
+            masks=self.rows.masks(stop - start),
+        )
         logits = lm_head(self.lm.model, out.hidden) if head else None  # (B, T, V)
         seconds = time.perf_counter() - t0
         self.rows.append(pos)
@@ -135,10 +139,15 @@ class _Batch:
         for r, policy in enumerate(self.policies):
             t1 = time.perf_counter()
             view = view_of(
-                self.rows, r, out.attention, lm=self.lm, entry_bytes=self.entry_bytes,
-                n_seen=stop, ids=seen,
+                self.rows,
+                r,
+                out.attention,
+                lm=self.lm,
+                entry_bytes=self.entry_bytes,
+                n_seen=stop,
+                ids=seen,
                 hidden=None if self.hidden is None else self.hidden[r, :stop],
-            )  # fmt: skip
+            )
             peaks.append(int(view.count.sum()) * self.entry_bytes)
             plans.append(policy.plan(view))
             secs.append(time.perf_counter() - t1)
@@ -504,9 +513,14 @@ def kv_eval(
     1/B of each shared forward) and ``seconds``. ``pandas.DataFrame(rows)`` makes the table.
     """
     run = KVEval(
-        lm, ids, policies, budgets,
-        prefill=prefill, policy_kwargs=policy_kwargs, batch_size=batch_size,
-    )  # fmt: skip
+        lm,
+        ids,
+        policies,
+        budgets,
+        prefill=prefill,
+        policy_kwargs=policy_kwargs,
+        batch_size=batch_size,
+    )
     while not run.finished:
         label = run.label()
         run.step()

@@ -184,11 +184,16 @@ def rows_supported(params: PruneParams) -> bool:
     p = params
     names = {f.name for f in active_filters(p)}
     return (
-        p.order == "hf" and p.tie_rule == "stable" and p.min_tokens_to_keep == 1
-        and not p.fallback and p.gravity_lambda == 0.0 and p.temperature > 0.0
-        and p.adaptive in ("none", "target", "edt") and names <= {"top_p", "min_p", "free_energy"}
+        p.order == "hf"
+        and p.tie_rule == "stable"
+        and p.min_tokens_to_keep == 1
+        and not p.fallback
+        and p.gravity_lambda == 0.0
+        and p.temperature > 0.0
+        and p.adaptive in ("none", "target", "edt")
+        and names <= {"top_p", "min_p", "free_energy"}
         and (p.combine == "intersection" or len(names) <= 1)
-    )  # fmt: skip
+    )
 
 
 def _temperatures(p: PruneParams, h: Tensor | None, B: int, device) -> Tensor:
@@ -479,22 +484,42 @@ def generate_batch(
     t0 = time.perf_counter()
     with stack, torch.inference_mode():
         chain = processor_chain(
-            model, params, seeds, attention_sink=att, hidden_sink=hid, pad_token_id=pad,
-            eos_token_ids=eos, tokenizer=lm.tokenizer, rows=rows,
-        )  # fmt: skip
+            model,
+            params,
+            seeds,
+            attention_sink=att,
+            hidden_sink=hid,
+            pad_token_id=pad,
+            eos_token_ids=eos,
+            tokenizer=lm.tokenizer,
+            rows=rows,
+        )
         ticks = _Ticks(on_token, should_stop, chain[0])
         out = model.generate(
-            ids.to(lm.device), attention_mask=mask.to(lm.device), do_sample=True,
-            max_new_tokens=max_new_tokens, logits_processor=chain, stopping_criteria=[ticks],
-            pad_token_id=pad, eos_token_id=eos, top_k=0, top_p=1.0, temperature=1.0,
-        )  # fmt: skip
+            ids.to(lm.device),
+            attention_mask=mask.to(lm.device),
+            do_sample=True,
+            max_new_tokens=max_new_tokens,
+            logits_processor=chain,
+            stopping_criteria=[ticks],
+            pad_token_id=pad,
+            eos_token_id=eos,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+        )
     seconds = time.perf_counter() - t0
     rows, stops = cut_at_eos(out[:, ids.shape[1] :].cpu().tolist(), eos)
     sampler = chain[-1]
     return BatchOutput(
-        ids=rows, stop=stops, nll=chain[0].nll([len(r) for r in rows]), seconds=seconds, sampler_seconds=sampler.seconds,
-        uniforms=sampler.uniforms, stopped=ticks.stopped,
-    )  # fmt: skip
+        ids=rows,
+        stop=stops,
+        nll=chain[0].nll([len(r) for r in rows]),
+        seconds=seconds,
+        sampler_seconds=sampler.seconds,
+        uniforms=sampler.uniforms,
+        stopped=ticks.stopped,
+    )
 
 
 @torch.inference_mode()

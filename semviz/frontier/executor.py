@@ -323,7 +323,10 @@ class _RayPool:
             if on_progress is not None and busy and time.monotonic() - last >= POLL_SECONDS:
                 last = time.monotonic()
                 shares = ray.get([a.progress.remote() for a, _ in busy.values()])
-                running = sum(s.size * min(max(p, 0.0), 1.0) for (_, s), p in zip(busy.values(), shares, strict=True))  # fmt: skip
+                running = sum(
+                    s.size * min(max(p, 0.0), 1.0)
+                    for (_, s), p in zip(busy.values(), shares, strict=True)
+                )
                 label = f"{len(busy)} shards running on {len(self.actors)} workers"
                 on_progress(done + running, total, label)
             elif on_progress is not None and ready:

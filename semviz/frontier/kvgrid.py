@@ -41,9 +41,15 @@ class KVGridTask(ShardTask):
             return stopped[0]
 
         rows = kv_eval(
-            lm, ids, policies, [budget], prefill=self.prefill, policy_kwargs=self.policy_kwargs,
-            on_progress=lambda done, total, _label: tick(done / max(total, 1)), should_stop=stop,
-        )  # fmt: skip
+            lm,
+            ids,
+            policies,
+            [budget],
+            prefill=self.prefill,
+            policy_kwargs=self.policy_kwargs,
+            on_progress=lambda done, total, _label: tick(done / max(total, 1)),
+            should_stop=stop,
+        )
         if stopped[0]:
             return None  # a stopped shard's rows are scored on part of the text: drop them
         return [{"text": text, **r} for r in rows]
@@ -65,7 +71,7 @@ def grid_shards(
                     payload=(name, list(ids), pols, b),
                     size=float(len(ids) * len(pols)),
                     label=f"{name} · budget {b}",
-                )  # fmt: skip
+                )
             )
     return out
 
@@ -98,9 +104,11 @@ def kv_grid(
     got: dict = {}
     try:
         stopped = ex.run(
-            shards, on_result=lambda s, rows: got.__setitem__(s.key, rows),
-            on_progress=on_progress, should_stop=should_stop,
-        )  # fmt: skip
+            shards,
+            on_result=lambda s, rows: got.__setitem__(s.key, rows),
+            on_progress=on_progress,
+            should_stop=should_stop,
+        )
     finally:
         if own:
             ex.close()

@@ -94,7 +94,7 @@ def configs(
             seeds=seeds,
             new_tokens=new_tokens,
             batch_rows=a.batch_rows,
-        )  # fmt: skip
+        )
         for a in arms
     ]
 
@@ -195,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             res = run_sweep(
-                lm, cfg, path, score=False, on_progress=progress,
+                lm,
+                cfg,
+                path,
+                score=False,
+                on_progress=progress,
                 should_stop=lambda: time.perf_counter() > deadline,
-            )  # fmt: skip
+            )
         except Exception as exc:  # one arm failing must not lose the others
             say(f"{arm.name}: FAILED {type(exc).__name__}: {exc}")
             meta["arms"].append({"arm": arm.name, "error": f"{type(exc).__name__}: {exc}"})
@@ -212,13 +216,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{new_toks} new tokens in {secs:.1f}s ({rate:,.1f} tok/s)"
             + (" - stopped by the budget" if res.stopped else "")
         )
-        meta["arms"].append({
-            "arm": arm.name, "spec": arm.spec, "rows": len(res.frame), "new_rows": res.new_rows,
-            "tokens": toks, "new_tokens": new_toks, "seconds": round(secs, 2),
-            "generate_seconds": round(res.timings.get("generate", 0.0), 2),
-            "sampler_seconds": round(res.timings.get("sampler", 0.0), 2),
-            "stopped": res.stopped,
-        })  # fmt: skip
+        meta["arms"].append(
+            {
+                "arm": arm.name,
+                "spec": arm.spec,
+                "rows": len(res.frame),
+                "new_rows": res.new_rows,
+                "tokens": toks,
+                "new_tokens": new_toks,
+                "seconds": round(secs, 2),
+                "generate_seconds": round(res.timings.get("generate", 0.0), 2),
+                "sampler_seconds": round(res.timings.get("sampler", 0.0), 2),
+                "stopped": res.stopped,
+            }
+        )
         meta["wall_seconds"] = round(time.perf_counter() - t_start, 1)
         (out / "study.json").write_text(json.dumps(meta, indent=1))
     meta["wall_seconds"] = round(time.perf_counter() - t_start, 1)

@@ -311,13 +311,24 @@ def _rows(cfg: SweepConfig, model: str, chat: bool, prompts: list[Prompt]) -> li
         for v in cfg.values:
             for pr in prompts:
                 for seed in range(cfg.seeds):
-                    rows.append({
-                        "setting": side.label, "spec": spec_of(side), "knob": cfg.knob,
-                        "value": float(v), "prompt_id": pr.id, "prompt_sha": pr.sha,
-                        "kind": pr.kind, "split": pr.split, "prompt": pr.text, "seed": seed,
-                        "model": model, "new_tokens": cfg.new_tokens, "chat": chat,
-                        "_side": side,
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "setting": side.label,
+                            "spec": spec_of(side),
+                            "knob": cfg.knob,
+                            "value": float(v),
+                            "prompt_id": pr.id,
+                            "prompt_sha": pr.sha,
+                            "kind": pr.kind,
+                            "split": pr.split,
+                            "prompt": pr.text,
+                            "seed": seed,
+                            "model": model,
+                            "new_tokens": cfg.new_tokens,
+                            "chat": chat,
+                            "_side": side,
+                        }
+                    )
     return rows
 
 
@@ -490,9 +501,14 @@ def _run_chunk(lm, cfg, judge, chunk: list[dict], tick, should_stop):
     ids = {k: encode_prompt(lm, t, chat) for k, t in texts_p.items()}
     params = cfg.params(chunk[0]["_side"], chunk[0]["value"])
     gen = generate_batch(
-        lm, [ids[r["prompt_id"]] for r in chunk], [r["seed"] for r in chunk], params,
-        max_new_tokens=cfg.new_tokens, on_token=tick, should_stop=should_stop,
-    )  # fmt: skip
+        lm,
+        [ids[r["prompt_id"]] for r in chunk],
+        [r["seed"] for r in chunk],
+        params,
+        max_new_tokens=cfg.new_tokens,
+        on_token=tick,
+        should_stop=should_stop,
+    )
     if gen.stopped:
         return None
     tok = lm.tokenizer
@@ -511,9 +527,15 @@ def _run_chunk(lm, cfg, judge, chunk: list[dict], tick, should_stop):
         wm = word_metrics(text)
         row = {k: v for k, v in r.items() if k != "_side"}
         row.update(
-            text=text, n_tokens=len(c), stop=stop, **wm, nll=n,
-            ppl=math.exp(n) if math.isfinite(n) else math.nan, batch_rows=len(chunk), **share,
-        )  # fmt: skip
+            text=text,
+            n_tokens=len(c),
+            stop=stop,
+            **wm,
+            nll=n,
+            ppl=math.exp(n) if math.isfinite(n) else math.nan,
+            batch_rows=len(chunk),
+            **share,
+        )
         row.update(_judged(judge, wm, p_emb[r["prompt_id"]], emb[i]) if judge else _UNSCORED)
         rows.append(row)
     return rows, timings
@@ -629,9 +651,18 @@ def per_prompt(df: pd.DataFrame) -> pd.DataFrame:
 
 
 METRICS = (
-    "coherence", "distinct_1", "distinct_2", "dissimilarity", "cross_sim", "repetition",
-    "short", "nll", "self_bleu", "bleu_diversity", "pooled_distinct_2",
-)  # fmt: skip
+    "coherence",
+    "distinct_1",
+    "distinct_2",
+    "dissimilarity",
+    "cross_sim",
+    "repetition",
+    "short",
+    "nll",
+    "self_bleu",
+    "bleu_diversity",
+    "pooled_distinct_2",
+)
 
 
 @dataclass
@@ -730,11 +761,16 @@ class Summary:
         recs = json.loads(pts.to_json(orient="records"))
         res = {k: (v if math.isfinite(v) else None) for k, v in self.resolution.items()}
         return {
-            "x": self.x, "knob": self.knob, "n_prompts": self.n_prompts, "n_boot": self.n_boot,
-            "points": recs, "dominance": [d.to_dict() for d in self.dominance],
+            "x": self.x,
+            "knob": self.knob,
+            "n_prompts": self.n_prompts,
+            "n_boot": self.n_boot,
+            "points": recs,
+            "dominance": [d.to_dict() for d in self.dominance],
             "axes": {a: [d.to_dict() for d in ds] for a, ds in self.by_axis.items()},
-            "agreement": self.agreement, "resolution": res,
-        }  # fmt: skip
+            "agreement": self.agreement,
+            "resolution": res,
+        }
 
 
 def _matrix(pp: pd.DataFrame, metric: str, points: list[tuple], prompts: list[str]) -> np.ndarray:
@@ -953,23 +989,41 @@ def frontier_figure(summary: Summary):
         color = style.side_color(i)
         name = str(g["setting"].iloc[0])
         fig.add_scatter(
-            x=g[x], y=g["coherence"], mode="lines+markers+text", name=name,
-            text=[f"{short}={v:g}" for v in g["value"]], textposition="top center",
-            line={"color": color}, marker={"size": 9},
-            error_x={"type": "data", "symmetric": False, "array": g[x + "_hi"] - g[x],
-                     "arrayminus": g[x] - g[x + "_lo"], "thickness": 1},
-            error_y={"type": "data", "symmetric": False, "array": g["coherence_hi"] - g["coherence"],
-                     "arrayminus": g["coherence"] - g["coherence_lo"], "thickness": 1},
+            x=g[x],
+            y=g["coherence"],
+            mode="lines+markers+text",
+            name=name,
+            text=[f"{short}={v:g}" for v in g["value"]],
+            textposition="top center",
+            line={"color": color},
+            marker={"size": 9},
+            error_x={
+                "type": "data",
+                "symmetric": False,
+                "array": g[x + "_hi"] - g[x],
+                "arrayminus": g[x] - g[x + "_lo"],
+                "thickness": 1,
+            },
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": g["coherence_hi"] - g["coherence"],
+                "arrayminus": g["coherence"] - g["coherence_lo"],
+                "thickness": 1,
+            },
             customdata=np.stack([g["value"], g["repetition"], g["ppl"]], axis=-1),
             hovertemplate=(
                 f"<b>{name}</b><br>{summary.knob}=%{{customdata[0]:g}}<br>coherence %{{y:.3f}}"
                 f"<br>{X_AXES[x]} %{{x:.3f}}<br>repeated 4-grams %{{customdata[1]:.1%}}"
                 "<br>perplexity %{customdata[2]:.1f}<extra></extra>"
             ),
-        )  # fmt: skip
+        )
     fig.update_layout(
-        template="plotly_white", height=480, margin={"l": 60, "r": 20, "t": 30, "b": 50},
-        xaxis_title=f"diversity: {X_AXES[x]} →", yaxis_title="coherence with the prompt (judge) →",
+        template="plotly_white",
+        height=480,
+        margin={"l": 60, "r": 20, "t": 30, "b": 50},
+        xaxis_title=f"diversity: {X_AXES[x]} →",
+        yaxis_title="coherence with the prompt (judge) →",
         legend={"orientation": "h", "y": -0.18, "x": 0.0},
-    )  # fmt: skip
+    )
     return fig

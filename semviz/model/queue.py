@@ -146,8 +146,7 @@ class ForwardQueue:
     def state(self) -> QueueState:
         """How the line stands now."""
         with self._cond:
-            return QueueState(bool(self._holders), len(self._line), self._per_turn,
-                              self._served)  # fmt: skip
+            return QueueState(bool(self._holders), len(self._line), self._per_turn, self._served)
 
     def place(self, owner: str) -> Place | None:
         """Where ``owner``'s first waiting turn stands; None when it has none waiting."""
