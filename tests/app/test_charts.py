@@ -174,9 +174,11 @@ def test_the_model_view_has_a_row_for_every_head_of_every_layer(run):
     sub = validated(charts.attention_heatmap(att, labels, layers=[1, 0], heads=[1], per_head=True))
     assert list(sub.data[0].y) == ["L1 H1", "L0 H1"]
     np.testing.assert_allclose(
-        np.array(sub.data[0].z, float)[0], np.log10(np.maximum(att[1, 1], charts.ATT_FLOOR)),
-        rtol=1e-5, atol=1e-6,
-    )  # fmt: skip
+        np.array(sub.data[0].z, float)[0],
+        np.log10(np.maximum(att[1, 1], charts.ATT_FLOOR)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert list(sub.layout.yaxis.ticktext) == ["L1", "L0"]
 
 
@@ -196,8 +198,9 @@ def test_distribution_draws_a_chosen_token_below_the_top_and_marks_the_pruned():
     assert final_bars.y[5] == pytest.approx(p[5]) and final_bars.y[0] == pytest.approx(p[0])
     bands = [s for s in fig.layout.shapes if s.type == "rect"]
     assert {(s.x0, s.x1) for s in bands} == {(9.5, 10.5)}  # the highlighter on that bar
-    horiz = validated(charts.distribution_figure(labels, stages, chosen=1, mode="overlay",
-                                                 top=5, horizontal=True))  # fmt: skip
+    horiz = validated(
+        charts.distribution_figure(labels, stages, chosen=1, mode="overlay", top=5, horizontal=True)
+    )
     assert horiz.data[0].orientation == "h" and len(horiz.data[0].y) == 5
 
 
@@ -220,16 +223,16 @@ def test_log_axis_shows_the_tail_of_a_peaked_distribution():
     assert fig.data[0].customdata[-1] == "p=1.0e-07"  # a hover a reader can tell from zero
     over = validated(charts.distribution_figure(labels, stages, mode="overlay", log=True))
     assert over.layout.yaxis.type == "log" and tuple(over.layout.yaxis.range) == (-7, 0.05)
-    horiz = validated(charts.distribution_figure(labels, stages, mode="overlay", log=True,
-                                                 horizontal=True))  # fmt: skip
+    horiz = validated(
+        charts.distribution_figure(labels, stages, mode="overlay", log=True, horizontal=True)
+    )
     assert horiz.layout.xaxis.type == "log" and horiz.layout.yaxis.type == "category"
 
 
 def test_step_axis_points_carry_their_step(run):
     lm, tr, wi, p = run
     df = charts.step_frame(tr)
-    for fig in (charts.entropy_figure(df, p), charts.thermo_figure(df),
-                charts.entropy_scatter(df)):  # fmt: skip
+    for fig in (charts.entropy_figure(df, p), charts.thermo_figure(df), charts.entropy_scatter(df)):
         for t in validated(fig).data:
             if t.customdata is not None and t.x is not None and len(t.x) == len(df):
                 assert [row[0] for row in t.customdata] == list(range(len(df)))
@@ -309,8 +312,10 @@ def test_report_shows_the_whatif_and_says_so(run, tmp_path):
     assert kind == "what-if" and "no model run" in sentence
     rep = report.build(tr, tmp_path, tokenizer=lm.tokenizer, png=False, whatif=wi)
     assert rep.manifest["shows"] == {
-        "state": "what-if", "params": wi.params.to_dict(), "first_diff": wi.first_diff,
-    }  # fmt: skip
+        "state": "what-if",
+        "params": wi.params.to_dict(),
+        "first_diff": wi.first_diff,
+    }
     assert "class='state state-whatif'" in rep.html.read_text()
 
 
@@ -321,8 +326,13 @@ def test_kv_timeline_draws_one_layer_at_its_budget(tiny_lm):
     from semviz import eviction as ev
 
     budget = 8
-    dec = Decoder(tiny_lm, "Once upon a time in a land far away", PruneParams(temperature=0),
-                  DecodeSettings(seed=0, chat=False), eviction=ev.make_policy("h2o", budget=budget))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "Once upon a time in a land far away",
+        PruneParams(temperature=0),
+        DecodeSettings(seed=0, chat=False),
+        eviction=ev.make_policy("h2o", budget=budget),
+    )
     dec.run(12)
     steps = dec.trace.steps
     n = len(dec.trace.prompt_ids) + len(steps)
@@ -360,8 +370,13 @@ def test_kv_timeline_draws_one_layer_at_its_budget(tiny_lm):
 def test_binned_kv_timeline_leaves_unwritten_positions_blank(tiny_lm):
     from semviz import eviction as ev
 
-    dec = Decoder(tiny_lm, "Once upon a time", PruneParams(temperature=0),
-                  DecodeSettings(seed=0, chat=False), eviction=ev.make_policy("h2o", budget=4))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "Once upon a time",
+        PruneParams(temperature=0),
+        DecodeSettings(seed=0, chat=False),
+        eviction=ev.make_policy("h2o", budget=4),
+    )
     dec.run(6)
     steps = dec.trace.steps
     n = 3000  # far more positions than written: the binned view

@@ -207,8 +207,12 @@ def test_stop_keeps_what_was_made_and_says_stopped(app):
 
 
 def reference_tokens(lm, settings, n: int) -> list[int]:
-    d = Decoder(lm, settings.prompt, settings.prune_params(),
-                DecodeSettings(seed=settings.seed, chat=settings.chat))  # fmt: skip
+    d = Decoder(
+        lm,
+        settings.prompt,
+        settings.prune_params(),
+        DecodeSettings(seed=settings.seed, chat=settings.chat),
+    )
     d.run(n)
     return d.trace.token_ids
 
@@ -354,8 +358,12 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
         pass
     # the reference: the run's own tokens up to k, then greedy decoding
     settings = at.session_state["settings"]
-    ref = Decoder(tiny_lm, settings.prompt, s.decoder.params,
-                  DecodeSettings(seed=settings.seed, chat=settings.chat))  # fmt: skip
+    ref = Decoder(
+        tiny_lm,
+        settings.prompt,
+        s.decoder.params,
+        DecodeSettings(seed=settings.seed, chat=settings.chat),
+    )
     for t in s.decoder.trace.token_ids[:k]:
         ref.step(force_token=t)
     ref.params = settings.prune_params()

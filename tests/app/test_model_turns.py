@@ -111,7 +111,8 @@ def test_a_sweep_from_the_frontier_page_takes_its_turns(app, tmp_path):
     lm = get_model(app.session_state["settings"].model_name())
     with _turns(lm) as (inside, outside):
         app.switch_page("app_pages/frontier.py").run()
-        run_page_sweep(app, tmp_path / "sweep.parquet", values="0.7", n=1, seeds=1, tokens=4,
-                       seconds=300)  # fmt: skip
+        run_page_sweep(
+            app, tmp_path / "sweep.parquet", values="0.7", n=1, seeds=1, tokens=4, seconds=300
+        )
     assert inside[0] >= 4  # the prompt and the new tokens of each setting
     assert outside == [], "\n\n".join(outside)

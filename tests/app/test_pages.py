@@ -273,8 +273,12 @@ def test_kv_policy_run_and_kv_eval(app):
     assert not app.exception, app.exception
     rows = app.session_state["semviz"].kv_eval
     assert [(r["policy"], r["budget"]) for r in rows] == [
-        ("full", None), ("window", 8), ("h2o", 8), ("window", 16), ("h2o", 16)
-    ]  # fmt: skip
+        ("full", None),
+        ("window", 8),
+        ("h2o", 8),
+        ("window", 16),
+        ("h2o", 16),
+    ]
     assert all(r["tokens"] == 31 for r in rows)
     assert any("kv-eval: done, 32 tokens" in p.proto.text for p in app.get("progress"))
     assert any(c["data"] for c in charts(app).values())

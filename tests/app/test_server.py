@@ -86,14 +86,18 @@ def test_sessions_share_forwards_only_when_the_server_says_so(tmp_path, tiny_lm,
         ({"SEMVIZ_BATCH_SESSIONS": "2"}, "SEMVIZ_BATCH_SESSIONS='2': expected on or off."),
         ({"SEMVIZ_MAX_STEPS": "abc"}, "SEMVIZ_MAX_STEPS='abc': expected an integer."),
         ({"SEMVIZ_MAX_STEPS": "0"}, "SEMVIZ_MAX_STEPS='0': must be in [1, 8192]."),
-        ({"SEMVIZ_MAX_STEPS": "1e12"},
-         "SEMVIZ_MAX_STEPS='1e12': expected an integer between -2147483647 and 2147483647."),
+        (
+            {"SEMVIZ_MAX_STEPS": "1e12"},
+            "SEMVIZ_MAX_STEPS='1e12': expected an integer between -2147483647 and 2147483647.",
+        ),
         ({"SEMVIZ_IDLE_MINUTES": "nan"}, "SEMVIZ_IDLE_MINUTES='nan': expected a finite number."),
         ({"SEMVIZ_IDLE_MINUTES": "0.01"}, "SEMVIZ_IDLE_MINUTES='0.01': must be in [0.1, 1440]."),
-        ({"SEMVIZ_SHARED": "1", "SEMVIZ_MODEL": "/x", "SEMVIZ_MODELS": "default"},
-         "SEMVIZ_MODEL='/x' is not one of the allowed models (SEMVIZ_MODELS)."),
+        (
+            {"SEMVIZ_SHARED": "1", "SEMVIZ_MODEL": "/x", "SEMVIZ_MODELS": "default"},
+            "SEMVIZ_MODEL='/x' is not one of the allowed models (SEMVIZ_MODELS).",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_setting_is_one_sentence_naming_it(tmp_path, env, message):
     with pytest.raises(ConfigError) as exc:
         read_config(env, file=tmp_path / "none.toml")
@@ -144,8 +148,9 @@ def test_a_trailing_slash_is_the_same_cached_model(monkeypatch, tiny_dir):
     assert get_model(str(tiny_dir)) is get_model(f"{tiny_dir}/") is get_model(f" {tiny_dir}// ")
 
 
-def test_shared_mode_refuses_a_model_outside_the_list_before_reading_it(monkeypatch, tiny_dir,
-                                                                         tmp_path):  # fmt: skip
+def test_shared_mode_refuses_a_model_outside_the_list_before_reading_it(
+    monkeypatch, tiny_dir, tmp_path
+):
     from ui.model import get_model
 
     other = tmp_path / "other"

@@ -8,8 +8,17 @@ import dataclasses
 from semviz.sampling import PruneParams, field_spec
 from ui.state import PARAM_FIELDS, Settings, spec_of
 
-RUN_FIELDS = ("model", "prompt", "chat", "preset", "kv_policy", "kv_budget", "seed", "run_n",
-              "max_new_tokens")  # fmt: skip
+RUN_FIELDS = (
+    "model",
+    "prompt",
+    "chat",
+    "preset",
+    "kv_policy",
+    "kv_budget",
+    "seed",
+    "run_n",
+    "max_new_tokens",
+)
 
 
 def test_settings_are_the_run_fields_plus_every_param_with_a_widget():
@@ -99,13 +108,25 @@ def test_query_params_round_trip_and_bad_values_are_noted():
     assert Settings.from_query_params(s.to_query_params()) == s
     notes: list[str] = []
     got = Settings.from_query_params(
-        {"temperature": "5", "top_k": "-2", "top_p": "x", "adaptive": "bogus", "chat": "off",
-         "seed": "3", "nonsense": "1"},
+        {
+            "temperature": "5",
+            "top_k": "-2",
+            "top_p": "x",
+            "adaptive": "bogus",
+            "chat": "off",
+            "seed": "3",
+            "nonsense": "1",
+        },
         notes,
-    )  # fmt: skip
+    )
     assert (got.temperature, got.top_k, got.top_p, got.adaptive, got.chat, got.seed) == (
-        2.0, 0, 1.0, "none", False, 3,
-    )  # fmt: skip
+        2.0,
+        0,
+        1.0,
+        "none",
+        False,
+        3,
+    )
     assert notes == [
         "temperature=5 is outside the app's range [0, 2]; using 2.0.",
         "top_k=-2 is outside the app's range [0, 200]; using 0.",
@@ -124,9 +145,15 @@ def test_a_link_out_of_range_opens_clamped_with_a_note(tiny_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update(
-        {"temperature": "9", "top_k": "900", "seed": "-1", "preset": "nope", "free_energy": "on",
-         "free_energy_kappa": "50"}
-    )  # fmt: skip
+        {
+            "temperature": "9",
+            "top_k": "900",
+            "seed": "-1",
+            "preset": "nope",
+            "free_energy": "on",
+            "free_energy_kappa": "50",
+        }
+    )
     at.run()
     assert not at.exception
     assert at.slider(key="s_temperature").value == 2.0

@@ -38,8 +38,12 @@ def ctx_of(dec, store: dict, wi=None) -> Ctx:
 
 
 def test_cards_kept_between_draws_equal_cards_made_afresh(tiny_lm):
-    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(temperature=0.9),
-                  DecodeSettings(max_new_tokens=40, seed=5))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "A quiet harbour at dawn",
+        PruneParams(temperature=0.9),
+        DecodeSettings(max_new_tokens=40, seed=5),
+    )
     dec.run(6)
     store: dict = {}
     a = strip.payload(ctx_of(dec, store))
@@ -65,8 +69,12 @@ def test_cards_kept_between_draws_equal_cards_made_afresh(tiny_lm):
 
 
 def test_the_prompt_shows_the_chat_templates_markers_as_tokens(tiny_lm):
-    dec = Decoder(tiny_lm, "Hello <b>there</b>", PruneParams(),
-                  DecodeSettings(max_new_tokens=4, seed=1, chat=True))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "Hello <b>there</b>",
+        PruneParams(),
+        DecodeSettings(max_new_tokens=4, seed=1, chat=True),
+    )
     dec.run(1)
     raw = "".join(dec.trace.prompt_tokens)
     assert "<|im_start|>user\nHello <b>there</b><|im_end|>" in raw  # what the model was given
@@ -78,9 +86,12 @@ def test_the_prompt_shows_the_chat_templates_markers_as_tokens(tiny_lm):
 def test_links_are_the_heaviest_keys_of_the_mean_over_layers_and_heads():
     # two layers, two heads, four keys at positions 0, 2, 5, 7 (a cache that dropped 1, 3, 4, 6)
     att = torch.tensor(
-        [[[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]],
-         [[0.5, 0.0, 0.1, 0.4], [0.3, 0.0, 0.3, 0.4]]], dtype=torch.float16,
-    )  # fmt: skip
+        [
+            [[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]],
+            [[0.5, 0.0, 0.1, 0.4], [0.3, 0.0, 0.3, 0.4]],
+        ],
+        dtype=torch.float16,
+    )
     rec = SimpleNamespace(attention=att, cache_positions=torch.tensor([0, 2, 5, 7]))
     # means over layers and heads: 0.3, 0.1, 0.2, 0.4
     got = strip.links(rec, k=3)
@@ -91,9 +102,12 @@ def test_links_are_the_heaviest_keys_of_the_mean_over_layers_and_heads():
 
 def test_links_of_one_layer_and_head_or_of_a_choice():
     att = torch.tensor(
-        [[[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]],
-         [[0.5, 0.0, 0.1, 0.4], [0.3, 0.0, 0.3, 0.4]]], dtype=torch.float16,
-    )  # fmt: skip
+        [
+            [[0.1, 0.2, 0.3, 0.4], [0.3, 0.2, 0.1, 0.4]],
+            [[0.5, 0.0, 0.1, 0.4], [0.3, 0.0, 0.3, 0.4]],
+        ],
+        dtype=torch.float16,
+    )
     rec = SimpleNamespace(attention=att, cache_positions=torch.tensor([0, 2, 5, 7]))
     # layer 1, head 0 alone: 0.5, 0.0, 0.1, 0.4
     got = strip.links(rec, k=2, layers=[1], heads=[0])
@@ -111,8 +125,9 @@ def test_links_of_one_layer_and_head_or_of_a_choice():
 
 
 def test_the_payload_lights_by_the_chosen_layer_and_head(tiny_lm):
-    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(),
-                  DecodeSettings(max_new_tokens=8, seed=3))  # fmt: skip
+    dec = Decoder(
+        tiny_lm, "A quiet harbour at dawn", PruneParams(), DecodeSettings(max_new_tokens=8, seed=3)
+    )
     dec.run(4)
     store: dict = {}
     mean = strip.payload(ctx_of(dec, store))
@@ -142,8 +157,9 @@ def test_attention_css_lights_each_read_token_by_its_weight_over_the_heaviest():
 
 
 def test_the_payload_carries_a_rule_per_token_bounded_by_the_links(tiny_lm):
-    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(),
-                  DecodeSettings(max_new_tokens=8, seed=3))  # fmt: skip
+    dec = Decoder(
+        tiny_lm, "A quiet harbour at dawn", PruneParams(), DecodeSettings(max_new_tokens=8, seed=3)
+    )
     dec.run(5)
     d = strip.payload(ctx_of(dec, {}))
     rules = d["attn_css"].split("\n")
@@ -161,8 +177,12 @@ def test_the_payload_carries_a_rule_per_token_bounded_by_the_links(tiny_lm):
 
 
 def test_a_card_names_each_filter_stage_and_what_it_removed(tiny_lm):
-    dec = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(top_k=20, top_p=0.5),
-                  DecodeSettings(max_new_tokens=4, seed=5))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "A quiet harbour at dawn",
+        PruneParams(top_k=20, top_p=0.5),
+        DecodeSettings(max_new_tokens=4, seed=5),
+    )
     dec.run(2)
     card = strip.payload(ctx_of(dec, {}))["alts"]["0"]
     w = dec.trace.steps[0].waterfall
@@ -176,7 +196,8 @@ def test_a_card_names_each_filter_stage_and_what_it_removed(tiny_lm):
     wi = replay(dec.trace, PruneParams(top_k=3))
     moved = strip.payload(ctx_of(dec, {}, wi))["alts"]["0"]
     assert moved["filters"].startswith("top_k → 3 left, −")
-    plain = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(),
-                    DecodeSettings(max_new_tokens=2, seed=5))  # fmt: skip
+    plain = Decoder(
+        tiny_lm, "A quiet harbour at dawn", PruneParams(), DecodeSettings(max_new_tokens=2, seed=5)
+    )
     plain.run(1)
     assert strip.payload(ctx_of(plain, {}))["alts"]["0"]["filters"] == "no filter on"

@@ -53,10 +53,12 @@ def test_the_button_changes_only_gravity_and_the_page_shows_that_gravity(app):
     wi = s.replay_memo["whatif"]
     assert wi.first_diff is not None
     assert any(
-        c.value.startswith(f"The pink line marks step {wi.first_diff}, the first choice that "
-                           "changes. Other sliders differ from the run's too (top_k)")
+        c.value.startswith(
+            f"The pink line marks step {wi.first_diff}, the first choice that "
+            "changes. Other sliders differ from the run's too (top_k)"
+        )
         for c in at.caption
-    )  # fmt: skip
+    )
     at.button(key="tour4_back").click().run()
     assert at.session_state["s_gravity_lambda"] == 0.0 and at.session_state["s_top_k"] == 7
     assert at.session_state["s_gravity_kind"] == "pull"

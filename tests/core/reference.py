@@ -77,10 +77,24 @@ def keep(name: str, x: torch.Tensor, s: torch.Tensor, p, t: float) -> torch.Tens
     return (s2.max() - s2 <= window) | first(order(s2), K, m)
 
 
-FILTER_FIELDS = {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical": "typical_p",
-                 "epsilon": "epsilon", "eta": "eta", "free_energy": "free_energy"}  # fmt: skip
-NEUTRAL = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "epsilon": 0.0, "eta": 0.0,
-           "free_energy": False}  # fmt: skip
+FILTER_FIELDS = {
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical": "typical_p",
+    "epsilon": "epsilon",
+    "eta": "eta",
+    "free_energy": "free_energy",
+}
+NEUTRAL = {
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "epsilon": 0.0,
+    "eta": 0.0,
+    "free_energy": False,
+}
 
 
 def chain(x: torch.Tensor, p, gravity=None, mu=None):

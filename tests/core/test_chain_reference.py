@@ -58,8 +58,9 @@ def test_a_filter_that_keeps_the_whole_head_is_counted_outside_it():
     head, so the head path took the head as enough and reported min-p as keeping all 12
     tokens; at T 0.3 its threshold removes the ten zeros outside the head."""
     x = torch.tensor([0.0] * 10 + [1.0, 1.0])
-    p = PruneParams(temperature=0.3, min_p=0.1, epsilon=0.9, combine="intersection",
-                    tie_rule="stable")  # fmt: skip
+    p = PruneParams(
+        temperature=0.3, min_p=0.1, epsilon=0.9, combine="intersection", tie_rule="stable"
+    )
     with path("head"):
         r = check(x, p, mu=4.0)
     assert [(s.name, s.n_kept) for s in r.waterfall] == [("min_p", 2), ("epsilon", 1)]
@@ -91,8 +92,13 @@ CHAINS = [
     PruneParams(epsilon=3e-4, eta=3e-4),
     PruneParams(free_energy=True, temperature=1.2, min_tokens_to_keep=3),
     PruneParams(
-        temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, gravity_lambda=0.5,
-        free_energy=True, adaptive="target",
+        temperature=0.8,
+        top_k=50,
+        top_p=0.9,
+        min_p=0.05,
+        gravity_lambda=0.5,
+        free_energy=True,
+        adaptive="target",
     ),
     PruneParams(top_k=700, top_p=0.95, combine="sequential", free_energy=True),
     PruneParams(top_p=0.8, min_p=0.01, order="llama.cpp", adaptive="dynatemp"),
@@ -100,7 +106,7 @@ CHAINS = [
     PruneParams(top_p=0.9, adaptive="mirostat", mirostat_tau=3.0),
     PruneParams(top_p=0.9, typical_p=0.9),  # typical has no head rule: full-length path
     PruneParams(top_k=40, eta=0.01, combine="sequential", adaptive="edt", min_tokens_to_keep=2),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("p", CHAINS, ids=range(len(CHAINS)))

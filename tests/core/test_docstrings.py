@@ -37,9 +37,17 @@ MODULES = _modules_with_examples()
 
 
 def test_the_modules_that_should_have_examples_do():
-    for name in ("semviz.sampling.chain", "semviz.sampling.filters", "semviz.sampling.params",
-                 "semviz.sampling.thermo", "semviz.processors", "semviz.eviction",
-                 "semviz.analysis.compare", "semviz.analysis.metrics", "semviz.analysis.replay"):  # fmt: skip
+    for name in (
+        "semviz.sampling.chain",
+        "semviz.sampling.filters",
+        "semviz.sampling.params",
+        "semviz.sampling.thermo",
+        "semviz.processors",
+        "semviz.eviction",
+        "semviz.analysis.compare",
+        "semviz.analysis.metrics",
+        "semviz.analysis.replay",
+    ):
         assert MODULES.get(name, 0) > 0, name
 
 

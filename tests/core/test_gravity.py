@@ -97,9 +97,15 @@ def test_candidate_cache_keyed_per_model(tiny_llama):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     other = LlamaForCausalLM(
-        LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                    num_key_value_heads=2, intermediate_size=128)
-    )  # fmt: skip
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+        )
+    )
     a = gv.candidate_matrix(tiny_llama, "embedding", "cosine")
     b = gv.candidate_matrix(other, "embedding", "cosine")
     assert a is gv.candidate_matrix(tiny_llama, "embedding", "cosine")  # cached
@@ -115,9 +121,12 @@ def test_hidden_space_uses_lm_head_rows(tiny_llama):
     """Dot gravity in hidden space with all mass on one position is that position's logits."""
     h = torch.randn(3, 64)
     p = PruneParams(
-        gravity_lambda=1.0, gravity_space="hidden", gravity_sim="dot", gravity_mass="attention",
+        gravity_lambda=1.0,
+        gravity_space="hidden",
+        gravity_sim="dot",
+        gravity_mass="attention",
         **PLAIN,
-    )  # fmt: skip
+    )
     attn = torch.zeros(2, 4, 3)
     attn[..., 2] = 1.0
     ctx = gv.GravityContext(ids=torch.tensor([5, 6, 7]), attention=attn, hidden=h)
@@ -129,9 +138,12 @@ def test_contextual_space_reads_the_state_before_each_token(tiny_llama):
     """Contextual space: token i is read as h_{i-1}, the state that predicted it."""
     h = torch.randn(3, 64)
     p = PruneParams(
-        gravity_lambda=1.0, gravity_space="contextual", gravity_sim="dot", gravity_mass="attention",
+        gravity_lambda=1.0,
+        gravity_space="contextual",
+        gravity_sim="dot",
+        gravity_mass="attention",
         **PLAIN,
-    )  # fmt: skip
+    )
     attn = torch.zeros(2, 4, 3)
     attn[..., 2] = 1.0
     ctx = gv.GravityContext(ids=torch.tensor([5, 6, 7]), attention=attn, hidden=h)

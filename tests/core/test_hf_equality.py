@@ -56,9 +56,16 @@ def test_sequential_chain_equals_hf_generate_chain():
     """combine="sequential", tie_rule="hf" replays HF's warper list row by row."""
     x = _rows(11, n=300)
     p = core.PruneParams(
-        temperature=0.8, top_k=12, top_p=0.9, min_p=0.02, typical_p=0.95, epsilon=1e-3,
-        eta=1e-3, combine="sequential", tie_rule="hf",
-    )  # fmt: skip
+        temperature=0.8,
+        top_k=12,
+        top_p=0.9,
+        min_p=0.02,
+        typical_p=0.95,
+        epsilon=1e-3,
+        eta=1e-3,
+        combine="sequential",
+        tie_rule="hf",
+    )
     chain = LogitsProcessorList(
         [
             hf.TemperatureLogitsWarper(0.8),

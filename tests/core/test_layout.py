@@ -34,8 +34,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             if node.level:
                 up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                       for a in node.names]  # fmt: skip
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            ]
         else:
             continue
         out.update(t for t in targets if t in modules and t != name)
@@ -90,5 +91,16 @@ def test_the_top_level_holds_stages_not_modules():
     eviction, the decoder, analysis, the frontier, output and the CLI."""
     stages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     stages |= {p.stem for p in ROOT.glob("*.py")} - {"__init__", "__main__"}
-    assert stages == {"analysis", "cli", "decoding", "eviction", "frontier", "gravity", "model",
-                      "output", "processors", "sampling", "tasks"}  # fmt: skip
+    assert stages == {
+        "analysis",
+        "cli",
+        "decoding",
+        "eviction",
+        "frontier",
+        "gravity",
+        "model",
+        "output",
+        "processors",
+        "sampling",
+        "tasks",
+    }

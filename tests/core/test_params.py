@@ -40,7 +40,11 @@ def _outside(spec):
     return None
 
 
-BOUNDED = [n for n in FIELDS if field_spec(n).kind in ("int", "float") and _outside(field_spec(n)) is not None]  # fmt: skip
+BOUNDED = [
+    n
+    for n in FIELDS
+    if field_spec(n).kind in ("int", "float") and _outside(field_spec(n)) is not None
+]
 
 
 @pytest.mark.parametrize("name", BOUNDED)
@@ -86,8 +90,13 @@ def test_ints_become_floats_and_lists_tuples():
 
 def test_one_parser_for_every_kind():
     assert [parse_bool(s) for s in ("on", "OFF", "true", "no", "1", "0")] == [
-        True, False, True, False, True, False,
-    ]  # fmt: skip
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
     assert parse_field("top_k", "7.0") == (7, None)
     assert parse_field("temperature", " 0.5 ") == (0.5, None)
     assert parse_field("gravity_layers", "0/1,2") == ((0, 1, 2), None)
@@ -107,8 +116,12 @@ def test_one_parser_for_every_kind():
     with pytest.raises(ValueError, match="did you mean top_p"):
         parse_field("top_pp", "0.9")
     assert [parse_scalar(s) for s in ("null", "Yes", "-3", "1e-3", "h2o")] == [
-        None, True, -3, 1e-3, "h2o",
-    ]  # fmt: skip
+        None,
+        True,
+        -3,
+        1e-3,
+        "h2o",
+    ]
 
 
 def test_clamping_says_what_it_did():
@@ -154,7 +167,9 @@ def test_cli_has_a_flag_per_field_from_the_metadata(capsys):
     assert set(FIELDS) <= dests
     p.print_help()
     assert field_spec("ema_decay").help in " ".join(capsys.readouterr().out.split())
-    params = _cli("--top-p", "0.9", "--free-energy", "on", "--gravity-layers", "0,2", "--controller-sign", "1")  # fmt: skip
+    params = _cli(
+        "--top-p", "0.9", "--free-energy", "on", "--gravity-layers", "0,2", "--controller-sign", "1"
+    )
     assert params == PruneParams(
         top_p=0.9, free_energy=True, gravity_layers=(0, 2), controller_sign=1
     )

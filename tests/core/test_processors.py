@@ -29,8 +29,10 @@ def all_processors(model=None, emb=None):
         sp.EntropyAdaptiveTemperatureLogitsWarper("dynatemp"),
         sp.MirostatLogitsWarper(2.0),
         sp.NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="idf"),
-        sp.NarrativeGravityLogitsProcessor(embedding=emb, gravity_lambda=1.0, mass="norm", mode="rerank", rerank_k=4),
-    ]  # fmt: skip
+        sp.NarrativeGravityLogitsProcessor(
+            embedding=emb, gravity_lambda=1.0, mass="norm", mode="rerank", rerank_k=4
+        ),
+    ]
 
 
 @settings(max_examples=30, deadline=None)
@@ -109,9 +111,14 @@ def test_mirostat_updates_mu_from_the_chosen_token():
 def _generate(model, procs, batch=2, **kw):
     ids = torch.randint(3, 256, (batch, 6), generator=torch.Generator().manual_seed(1))
     out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=4,
-        logits_processor=LogitsProcessorList(procs), pad_token_id=0, **kw,
-    )  # fmt: skip
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        max_new_tokens=4,
+        logits_processor=LogitsProcessorList(procs),
+        pad_token_id=0,
+        **kw,
+    )
     assert out.shape == (batch, 10)
     return out
 
@@ -167,11 +174,16 @@ SAME_CHAIN = [  # (processors, the same chain as core parameters)
         dict(temperature=0.8, adaptive="mirostat", mirostat_tau=2.0),
     ),
     (
-        lambda: [sp.TemperatureLogitsWarper(0.8), sp.TopKLogitsWarper(20), sp.TopPLogitsWarper(0.9),
-                 sp.MinPLogitsWarper(0.05), sp.EtaLogitsWarper(0.001)],
+        lambda: [
+            sp.TemperatureLogitsWarper(0.8),
+            sp.TopKLogitsWarper(20),
+            sp.TopPLogitsWarper(0.9),
+            sp.MinPLogitsWarper(0.05),
+            sp.EtaLogitsWarper(0.001),
+        ],
         dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, eta=0.001),
     ),
-]  # fmt: skip
+]
 
 
 def generate_and_replay(model, procs, params, seed=0, steps=6):
@@ -181,10 +193,14 @@ def generate_and_replay(model, procs, params, seed=0, steps=6):
     rec, pick = Recorder(), InverseCDF(seed)
     ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(seed + 1))
     out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=steps,
-        min_new_tokens=steps, logits_processor=LogitsProcessorList([rec, *procs, pick]),
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        logits_processor=LogitsProcessorList([rec, *procs, pick]),
         pad_token_id=0,
-    )  # fmt: skip
+    )
     states = [SamplerState(), SamplerState()]
     core_picks, pairs = [], []
     for raw, us, probs in zip(rec.rows, pick.us, pick.probs, strict=True):

@@ -26,8 +26,12 @@ PROMPTS = [
 def traces(real_lm, tmp_path_factory):
     out = []
     for prompt in PROMPTS:
-        dec = Decoder(real_lm, prompt, PruneParams(temperature=0.0),
-                      DecodeSettings(max_new_tokens=24, capture=False))  # fmt: skip
+        dec = Decoder(
+            real_lm,
+            prompt,
+            PruneParams(temperature=0.0),
+            DecodeSettings(max_new_tokens=24, capture=False),
+        )
         dec.run(24)
         path = tmp_path_factory.mktemp("t") / "t.json"
         dec.trace.save(path)
@@ -57,8 +61,21 @@ def test_a_piece_of_a_character_shows_as_its_bytes(real_lm):
     from semviz.decoding.decoder import token_hex
 
     shown = [style.display_token(tok.decode([i]), token_hex(tok, i)) for i in ids]
-    assert shown == ["Say", "·café", "·<F0 9F 98>", "<80>", "·<E6>", "<97>", "<A5>", "本",
-                     "<E8>", "<AA>", "<9E>", "·na", "ïve"]  # fmt: skip
+    assert shown == [
+        "Say",
+        "·café",
+        "·<F0 9F 98>",
+        "<80>",
+        "·<E6>",
+        "<97>",
+        "<A5>",
+        "本",
+        "<E8>",
+        "<AA>",
+        "<9E>",
+        "·na",
+        "ïve",
+    ]
 
 
 def test_report_html_and_cli_show_no_replacement_character(traces, real_lm, tmp_path, capsys):

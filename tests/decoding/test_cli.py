@@ -157,15 +157,21 @@ def test_out_of_memory_names_what_to_give_less_of(monkeypatch, capsys):
 
     monkeypatch.setattr(replay_cli, "run", big)
     rc, err = _err(["replay", "x.json"], capsys)
-    assert (rc, err) == (2, "semviz replay: out of memory; the trace is too large to replay "
-                            "in this machine's memory; try a shorter run.\n")  # fmt: skip
+    assert (rc, err) == (
+        2,
+        "semviz replay: out of memory; the trace is too large to replay "
+        "in this machine's memory; try a shorter run.\n",
+    )
 
 
 def test_a_prompt_that_is_not_utf8_is_refused(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "semviz", "trace", "--prompt", b"caf\xe9", "--out", "t.json"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr == "semviz trace: argument --prompt: is not valid UTF-8 text\n"
     assert list(tmp_path.iterdir()) == []
@@ -177,9 +183,12 @@ def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
 
     # 16 candidates of a near-flat tiny model and no full logits: a hot replay's draws land
     # in the tail
-    dec = Decoder(tiny_lm, "Hello there", PruneParams(temperature=0.8),
-                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False,
-                                 full_logits=False))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "Hello there",
+        PruneParams(temperature=0.8),
+        DecodeSettings(max_new_tokens=8, record_k=16, capture=False, full_logits=False),
+    )
     dec.run(8)
     path = tmp_path / "t.json"
     dec.trace.save(path)
@@ -195,8 +204,12 @@ def test_replay_marks_the_steps_it_cannot_decide(tiny_lm, tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"{len(marked)} approximate (~)" in text
     # the same run recording every logit (the default): the live chain decides every pick
-    dec = Decoder(tiny_lm, "Hello there", PruneParams(temperature=0.8),
-                  DecodeSettings(max_new_tokens=8, record_k=16, capture=False))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "Hello there",
+        PruneParams(temperature=0.8),
+        DecodeSettings(max_new_tokens=8, record_k=16, capture=False),
+    )
     dec.run(8)
     dec.trace.save(path)
     assert main(["replay", str(path), "--temperature", "2.0", "--json"]) == 0
@@ -227,8 +240,20 @@ def test_a_trace_naming_the_default_model_with_another_vocabulary_is_refused(
 
 
 def _trace_argv(tiny_dir, out, *extra: str) -> list[str]:
-    return ["trace", "--model", str(tiny_dir), "--prompt", "Hello there", "--out", str(out),
-            "--steps", "6", "--record-k", "64", *extra]  # fmt: skip
+    return [
+        "trace",
+        "--model",
+        str(tiny_dir),
+        "--prompt",
+        "Hello there",
+        "--out",
+        str(out),
+        "--steps",
+        "6",
+        "--record-k",
+        "64",
+        *extra,
+    ]
 
 
 def test_trace_size_is_estimated_from_above(tiny_lm, tiny_dir, tmp_path, capsys):

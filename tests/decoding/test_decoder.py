@@ -170,13 +170,17 @@ def test_bad_prompts_get_one_clear_sentence(tiny_lm):
     with pytest.raises(PromptError) as e:
         encode_prompt(tiny_lm, exact, chat=False)
     assert str(e.value).startswith("The prompt is 512 tokens, and ")
-    assert str(e.value).endswith("reads at most 512 with the token it writes: shorten it to 511 "
-                                 "tokens or fewer.")  # fmt: skip
+    assert str(e.value).endswith(
+        "reads at most 512 with the token it writes: shorten it to 511 tokens or fewer."
+    )
     # characters are counted before tokenising: 16 a token the model reads
     with pytest.raises(PromptError, match=r"^The prompt is 8,193 characters, more than the 8,192"):
         encode_prompt(tiny_lm, "x" * 8193)
-    with pytest.raises(PromptError, match=r"^The prompt holds a lone surrogate \(U\+D800 at "
-                                          r"character 3\), which is not text: remove it\.$"):  # fmt: skip
+    with pytest.raises(
+        PromptError,
+        match=r"^The prompt holds a lone surrogate \(U\+D800 at "
+        r"character 3\), which is not text: remove it\.$",
+    ):
         make(tiny_lm, "abc\ud800def")
     with pytest.raises(PromptError, match=r"^The system prompt holds a lone surrogate"):
         encode_prompt(tiny_lm, "hi", system_prompt="\udfff")

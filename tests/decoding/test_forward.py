@@ -53,9 +53,12 @@ def test_padded_row_equals_the_row_alone(tiny_lm):
     keep[0, :, 1] = False  # row 0 forgets position 1 in both layers
     rows.keep(keep)
     batched = forward(
-        model, torch.tensor([[9], [9]]), torch.tensor([[4], [4]]), rows.cache,
+        model,
+        torch.tensor([[9], [9]]),
+        torch.tensor([[4], [4]]),
+        rows.cache,
         masks=rows.masks(1),
-    )  # fmt: skip
+    )
     alone = KVRows.empty(model, 1)
     forward(model, torch.tensor([[5, 6, 7, 8]]), torch.arange(4)[None], alone.cache)
     alone.append(torch.arange(4))

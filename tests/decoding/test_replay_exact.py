@@ -26,7 +26,7 @@ RUNS = [
         False,
         PruneParams(
             temperature=0.8, top_k=50, top_p=0.95, gravity_lambda=0.5, gravity_mode="rerank"
-        ),  # fmt: skip
+        ),
         32,
         128,
     ),
@@ -58,8 +58,9 @@ def _record(lm, prompt, chat, params, steps, record_k, monkeypatch, full=True):
         seen.append((logits.detach().clone(), None if gravity is None else gravity.clone()))
         return real(logits, p, gravity=gravity, **kw)
 
-    settings = DecodeSettings(max_new_tokens=steps, seed=0, chat=chat, record_k=record_k,
-                              capture=False, full_logits=full)  # fmt: skip
+    settings = DecodeSettings(
+        max_new_tokens=steps, seed=0, chat=chat, record_k=record_k, capture=False, full_logits=full
+    )
     dec = Decoder(lm, prompt, params, settings)
     with monkeypatch.context() as m:
         m.setattr(sampling, "prune", keep)

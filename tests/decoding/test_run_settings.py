@@ -12,12 +12,16 @@ from semviz.decoding.settings import KV_POLICIES, RUN_SPECS, SEED_MAX, RunSettin
 from semviz.eviction import POLICIES
 
 SUBCOMMANDS = {  # each subcommand's run flags, and the arguments it needs besides them
-    "trace": (("--steps", "--seed", "--kv-policy", "--kv-budget", "--chat", "--model"),
-              ["--prompt", "x"]),
-    "report": (("--steps", "--seed", "--kv-policy", "--kv-budget", "--chat", "--model"),
-               ["--prompt", "x", "--out", "r"]),
+    "trace": (
+        ("--steps", "--seed", "--kv-policy", "--kv-budget", "--chat", "--model"),
+        ["--prompt", "x"],
+    ),
+    "report": (
+        ("--steps", "--seed", "--kv-policy", "--kv-budget", "--chat", "--model"),
+        ["--prompt", "x", "--out", "r"],
+    ),
     "compare": (("--steps", "--seed", "--chat", "--model"), []),
-}  # fmt: skip
+}
 
 
 def _parse(cmd: str, *argv: str):

@@ -26,12 +26,41 @@ PROMPTS = ["The sea", "Once upon a time there was a lighthouse keeper who", "Wat
 SAME_LENGTH = ["The sea is", "Water boils at", "A cat sat"]  # 3 tokens each
 # batches of PROMPTS' decoders (indices) as a gatherer made them in a run of the threaded test
 # below: members and their order change from one forward to the next, pairs are padded
-GATHERED = [[2], [1, 0], [2], [1], [0, 2], [1], [0, 2], [1], [2, 0], [1], [0], [2, 1], [0], [1],
-            [2, 0], [1], [0], [2]]  # fmt: skip
+GATHERED = [
+    [2],
+    [1, 0],
+    [2],
+    [1],
+    [0, 2],
+    [1],
+    [0, 2],
+    [1],
+    [2, 0],
+    [1],
+    [0],
+    [2, 1],
+    [0],
+    [1],
+    [2, 0],
+    [1],
+    [0],
+    [2],
+]
 # batches of SAME_LENGTH's decoders, every one fed once a round: shared rows of three, then
 # two and one, then three again, in another order
-REGROUPED = [[0, 1, 2], [0, 1], [2], [0, 1, 2], [1, 2], [0], [0, 2], [1], [0, 1, 2], [2, 0, 1],
-             [0, 1, 2]]  # fmt: skip
+REGROUPED = [
+    [0, 1, 2],
+    [0, 1],
+    [2],
+    [0, 1, 2],
+    [1, 2],
+    [0],
+    [0, 2],
+    [1],
+    [0, 1, 2],
+    [2, 0, 1],
+    [0, 1, 2],
+]
 
 
 def _decoders(lm, prompts=PROMPTS, **params) -> list[Decoder]:
@@ -70,7 +99,7 @@ def in_threads(session, decoders: list[Decoder]) -> list[BaseException]:
             "gravity_kind": "pull",
             "gravity_mass": "attention",
         },
-    ],  # fmt: skip
+    ],
     ids=["plain", "attention-gravity"],
 )
 def test_rows_at_different_positions_step_as_they_do_alone(tiny_lm, params):
@@ -212,6 +241,8 @@ def test_sessions_in_lanes_decode_side_by_side_and_get_their_own_tokens(tiny_lm)
     assert not in_threads(session, side)
     assert [d.ids for d in side] == [d.ids for d in alone]
     for a, b in zip(side, alone, strict=True):  # the same bits, not only the same picks
-        assert all(torch.equal(x.cand_logits, y.cand_logits)
-                   for x, y in zip(a.trace.steps, b.trace.steps, strict=True))  # fmt: skip
+        assert all(
+            torch.equal(x.cand_logits, y.cand_logits)
+            for x, y in zip(a.trace.steps, b.trace.steps, strict=True)
+        )
     assert q.state().served == 8 * len(side)

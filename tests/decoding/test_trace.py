@@ -272,8 +272,12 @@ def test_an_lse_below_the_top_logit_is_refused(trace):
 def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, params, monkeypatch):
     from semviz.analysis import replay as rp
 
-    d = Decoder(tiny_lm, "A quiet harbour at dawn", PruneParams(temperature=0.9),
-                DecodeSettings(max_new_tokens=40, seed=3))  # fmt: skip
+    d = Decoder(
+        tiny_lm,
+        "A quiet harbour at dawn",
+        PruneParams(temperature=0.9),
+        DecodeSettings(max_new_tokens=40, seed=3),
+    )
     store: dict = {}
     d.run(5)
     first = rp.cached(store, d.trace, params)

@@ -39,10 +39,24 @@ def serve(env: dict[str, str] | None = None, log: str = "server.log") -> Iterato
     out = open(ARTIFACTS / log, "w")  # noqa: SIM115
     streamlit = Path(sys.executable).with_name("streamlit")
     proc = subprocess.Popen(
-        [str(streamlit), "run", "app.py", "--server.port", str(port), "--server.address",
-         "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env={**base, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(streamlit),
+            "run",
+            "app.py",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=ROOT,
+        env={**base, **(env or {})},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90

@@ -142,8 +142,12 @@ def trace_with_junk(real_lm, path: Path, junk: str) -> int:
     the file's size in bytes."""
     from semviz import Decoder, DecodeSettings, PruneParams
 
-    dec = Decoder(real_lm, "Hi.", PruneParams(), DecodeSettings(seed=1, max_new_tokens=2, lens=False,
-                                                                 full_logits=False))  # fmt: skip
+    dec = Decoder(
+        real_lm,
+        "Hi.",
+        PruneParams(),
+        DecodeSettings(seed=1, max_new_tokens=2, lens=False, full_logits=False),
+    )
     dec.run(1)
     d = json.loads(dec.trace.to_json())
     d["steps"][0]["extra"] = {"junk": "@JUNK@"}
@@ -195,9 +199,16 @@ def test_1_an_upload_of_many_small_nested_lists_is_refused_before_parsing(
         assert "1 tokens" not in page.inner_text("body")  # nothing was loaded
     finally:
         ctx.close()
-    record("1 nested lists", bytes=size, elements=elements, peak_mib=m.peak, after_mib=m.after,
-           parsed_peak_mib=m2.peak, parsed_after_mib=m2.after,
-           budget_mib=UPLOAD_BUDGET / MiB)  # fmt: skip
+    record(
+        "1 nested lists",
+        bytes=size,
+        elements=elements,
+        peak_mib=m.peak,
+        after_mib=m.after,
+        parsed_peak_mib=m2.peak,
+        parsed_after_mib=m2.after,
+        budget_mib=UPLOAD_BUDGET / MiB,
+    )
     assert m.peak * MiB <= 4 * UPLOAD_MB * MiB + SLACK  # refused by counting: nothing parsed
     assert m2.peak * MiB <= UPLOAD_BUDGET
     no_leftovers(shared)
@@ -259,8 +270,13 @@ def test_2_kv_eval_budgets_are_capped_and_counted_once(browser, shared, real_lm)
     # the README's budget: two rows, the reference's log-probabilities (4 bytes × vocabulary a
     # token) and a forward's working memory; the 120 rows of 60 budgets held 60× the rows'
     budget = 2 * kv_row_bytes(real_lm, 64) + 64 * VOCAB * 4
-    record("2 kv-eval budgets", refused_peak_mib=m_many.peak, peaks_mib=peaks,
-           rows_budget_mib=budget / MiB, budget_mib=(budget + KV_WORK) / MiB)  # fmt: skip
+    record(
+        "2 kv-eval budgets",
+        refused_peak_mib=m_many.peak,
+        peaks_mib=peaks,
+        rows_budget_mib=budget / MiB,
+        budget_mib=(budget + KV_WORK) / MiB,
+    )
     assert max(peaks) * MiB <= budget + KV_WORK
     no_leftovers(shared)
 
@@ -415,10 +431,18 @@ def test_5_puts_straight_to_the_upload_endpoint_meet_the_upload_limit(
         with measured(shared) as m_many:
             codes = {put(shared, fresh(), headers, limit - 4096) for _ in range(n)}
             time.sleep(1)
-        record("5 upload endpoint", over=over, chunked=chunked, margin=just,
-               over_peak_mib=m_over.peak, over_after_mib=m_over.after, many=n,
-               many_codes=sorted(codes), many_peak_mib=m_many.peak,
-               many_after_mib=m_many.after)  # fmt: skip
+        record(
+            "5 upload endpoint",
+            over=over,
+            chunked=chunked,
+            margin=just,
+            over_peak_mib=m_over.peak,
+            over_after_mib=m_over.after,
+            many=n,
+            many_codes=sorted(codes),
+            many_peak_mib=m_many.peak,
+            many_after_mib=m_many.after,
+        )
         assert m_over.peak * MiB <= limit + SLACK
         # a session holds one upload at a time (its page has one uploader): the ones before
         # it are let go

@@ -386,11 +386,31 @@ def cli_tokens(prompt: str, n: int, seed: int, temperature: float, tmp: Path) ->
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("SEMVIZ_MODEL", None)
     subprocess.run(
-        [sys.executable, "-m", "semviz", "trace", "--prompt", prompt, "--steps", str(n),
-         "--seed", str(seed), "--temperature", str(temperature), "--chat", "on",
-         "--out", str(out), "--json"],
-        check=True, cwd=ROOT, env=env, capture_output=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "semviz",
+            "trace",
+            "--prompt",
+            prompt,
+            "--steps",
+            str(n),
+            "--seed",
+            str(seed),
+            "--temperature",
+            str(temperature),
+            "--chat",
+            "on",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        check=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
     return [s["token_text"] for s in json.loads(out.read_text())["steps"]]
 
 

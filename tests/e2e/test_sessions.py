@@ -22,10 +22,15 @@ pytestmark = pytest.mark.e2e
 LINKS = [
     {"seed": "11", "temperature": "1.0", "run_n": "6"},
     {"seed": "12", "temperature": "1.3", "top_p": "0.9", "run_n": "6"},
-    {"seed": "13", "temperature": "0.7", "top_k": "20", "run_n": "6",
-     "prompt": "Name three colours."},
+    {
+        "seed": "13",
+        "temperature": "0.7",
+        "top_k": "20",
+        "run_n": "6",
+        "prompt": "Name three colours.",
+    },
     {"seed": "14", "gravity_lambda": "0.5", "run_n": "6"},
-]  # fmt: skip
+]
 STEPS = 6  # Step presses per session, each as soon as the session's last token is shown
 # Presses Step ``k`` times, each as soon as the previous press's token is on screen, then sets
 # window.__done; runs in the page, so the sessions step at the same time.

@@ -56,10 +56,12 @@ def test_hovering_a_token_lights_what_it_read_without_a_rerun(browser, app_url):
         wait_ready(page, N)
         no_traceback(page)
         positions = [
-            int(p) for p in page.eval_on_selector_all(
-                ".semviz-strip .tok", "els => els.map(e => [...e.classList].find(c => /^p\\d+$/.test(c)).slice(1))"
+            int(p)
+            for p in page.eval_on_selector_all(
+                ".semviz-strip .tok",
+                "els => els.map(e => [...e.classList].find(c => /^p\\d+$/.test(c)).slice(1))",
             )
-        ]  # fmt: skip
+        ]
         assert len(positions) == N and positions == list(range(positions[0], positions[0] + N))
         last = positions[-1]
         read = _rule(page, last)
@@ -130,9 +132,10 @@ def test_on_the_attention_page_the_hover_reads_the_chosen_layer_and_head(browser
         wait_ready(page, N)
         last = int(
             page.eval_on_selector_all(
-                ".semviz-strip .tok", "els => [...els.at(-1).classList].find(c => /^p\\d+$/.test(c)).slice(1)"
+                ".semviz-strip .tok",
+                "els => [...els.at(-1).classList].find(c => /^p\\d+$/.test(c)).slice(1)",
             )
-        )  # fmt: skip
+        )
         mean = _rule(page, last)
         nav_click(page, "Attention & gravity")
         wait_idle(page)

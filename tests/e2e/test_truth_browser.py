@@ -70,9 +70,10 @@ def test_3_the_gravity_example_shows_the_gravity_it_names(browser, app_url):
         assert re.search(r"G\(w\) = Σ m_i·sim\(w, t_i\) = -?\d\.\d+ with mass attention", text)
         # the terms' chart: one bar per context token it sums over, not an empty chart
         terms = next(
-            f for i in range(page.locator(".js-plotly-plot").count())
+            f
+            for i in range(page.locator(".js-plotly-plot").count())
             if "m_i · sim" in (f := _figure(page, i))["xtitle"]
-        )  # fmt: skip
+        )
         assert sum(len(t.get("x") or []) for t in terms["data"]) >= 16  # the 16 prompt tokens
         assert m.group(1) != ""
         no_traceback(page)
@@ -163,7 +164,11 @@ def test_6_the_wording_says_what_is_measured(browser, app_url):
         m = wait_text(page, r"The query is the one that chose step (\d+)'s token", 120)
         assert re.search(rf"Step {m.group(1)}: attention of the last query", _main(page))
         nav_click(page, "Pipeline")
-        q = wait_text(page, r"dequantised to float32: its probabilities are those of the (\S+)-quantised model", 120)  # fmt: skip
+        q = wait_text(
+            page,
+            r"dequantised to float32: its probabilities are those of the (\S+)-quantised model",
+            120,
+        )
         assert q.group(1) == "Q4_1"
         no_traceback(page)
     finally:

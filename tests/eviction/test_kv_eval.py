@@ -13,9 +13,20 @@ from semviz.cli import main
 
 N = 40
 COLUMNS = {
-    "policy", "budget", "tokens", "ppl", "nll", "top1_agree", "kl", "peak_cache_bytes",
-    "mean_cache_len", "evicted_mass", "regret_est", "tokens_per_s", "seconds",
-}  # fmt: skip
+    "policy",
+    "budget",
+    "tokens",
+    "ppl",
+    "nll",
+    "top1_agree",
+    "kl",
+    "peak_cache_bytes",
+    "mean_cache_len",
+    "evicted_mass",
+    "regret_est",
+    "tokens_per_s",
+    "seconds",
+}
 
 
 @pytest.fixture(scope="module")
@@ -157,15 +168,31 @@ def test_cli_json(tiny_dir, tmp_path, capsys):
     text.write_text("It was the best of times, it was the worst of times, " * 10)
     argv = ["kv-eval", "--model", str(tiny_dir), "--text", str(text), "--tokens", "24"]
     code = main(
-        argv + ["--budgets", "6,0.5", "--policies", "full,streaming,gravity", "--json",
-                "--quiet", "--policy-arg", "gravity.beta=1.0", "--policy-arg", "gravity.sinks=2"]
-    )  # fmt: skip
+        argv
+        + [
+            "--budgets",
+            "6,0.5",
+            "--policies",
+            "full,streaming,gravity",
+            "--json",
+            "--quiet",
+            "--policy-arg",
+            "gravity.beta=1.0",
+            "--policy-arg",
+            "gravity.sinks=2",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == 24 and out["policy_args"]["gravity"] == {"beta": 1.0, "sinks": 2}
     got = [(r["policy"], r["budget"]) for r in out["rows"]]
-    assert got == [("full", None), ("streaming", 6), ("gravity", 6), ("streaming", 0.5),
-                   ("gravity", 0.5)]  # fmt: skip
+    assert got == [
+        ("full", None),
+        ("streaming", 6),
+        ("gravity", 6),
+        ("streaming", 0.5),
+        ("gravity", 0.5),
+    ]
 
 
 def test_cli_table_and_user_errors(tiny_dir, tmp_path, capsys):

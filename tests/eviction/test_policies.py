@@ -16,10 +16,27 @@ from semviz.sampling import PruneParams
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good"
 STEPS = 10
 KEYS = {
-    "policy", "query_position", "n_seen", "budget", "threshold", "lengths", "positions",
-    "scores", "protected", "evicted", "evicted_scores", "rule", "rules", "evicted_mass",
-    "regret", "regret_is_estimate", "regret_method", "bytes", "cache_bytes", "seconds",
-}  # fmt: skip
+    "policy",
+    "query_position",
+    "n_seen",
+    "budget",
+    "threshold",
+    "lengths",
+    "positions",
+    "scores",
+    "protected",
+    "evicted",
+    "evicted_scores",
+    "rule",
+    "rules",
+    "evicted_mass",
+    "regret",
+    "regret_is_estimate",
+    "regret_method",
+    "bytes",
+    "cache_bytes",
+    "seconds",
+}
 
 THRESHOLDS = {"window": -6, "streaming": -6, "h2o": 0.3, "tova": 1.0, "ema": 1.0, "gravity": 1.0}
 MODES = {
@@ -169,9 +186,12 @@ def test_h2o_keeps_heavy_hitters_and_recent_half(tiny_lm):
 def test_gravity_protects_theme_tokens(tiny_lm):
     policy = ev.make_policy("gravity", budget=10, protect_z=0.5, protect_frac=0.5, beta=0.0)
     d = Decoder(
-        tiny_lm, PROMPT, PruneParams(temperature=0), SETTINGS,
+        tiny_lm,
+        PROMPT,
+        PruneParams(temperature=0),
+        SETTINGS,
         eviction=policy,
-    )  # fmt: skip
+    )
     d.run(6)
     e = d.trace.steps[-1].eviction
     prot = e["protected"][0]

@@ -341,9 +341,14 @@ def test_processors_in_generate_see_what_the_decoder_sees(family_lm, family_dir)
         proc = sp.NarrativeGravityLogitsProcessor(model, 0.5, mass="attention", attention_sink=sink)
         with torch.inference_mode():
             out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=3,
-                logits_processor=[proc], return_dict_in_generate=True, output_logits=True,
-            )  # fmt: skip
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=3,
+                logits_processor=[proc],
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
         h = hs.get()  # (1, T, d)
         attn = sink.stacked()[:, 0]  # (L, H, T) the last forward's
     seq = out.sequences[0]

@@ -22,8 +22,11 @@ PROMPT = "The capital of France is"
 
 def _decode(lm, steps: int = 3, **settings) -> Decoder:
     d = Decoder(
-        lm, PROMPT, PruneParams(temperature=0), DecodeSettings(chat=False, max_new_tokens=steps, **settings)
-    )  # fmt: skip
+        lm,
+        PROMPT,
+        PruneParams(temperature=0),
+        DecodeSettings(chat=False, max_new_tokens=steps, **settings),
+    )
     d.eos_ids = set()
     for _ in range(steps):
         d.step()

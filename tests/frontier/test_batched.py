@@ -131,9 +131,14 @@ def test_perplexity_from_the_generating_pass_equals_teacher_forcing(peaked_lm):
 def test_stop_request_and_progress_ticks(peaked_lm):
     ticks = []
     out = generate_batch(
-        peaked_lm, _rows(peaked_lm)[:2], [0, 1], PruneParams(), max_new_tokens=20,
-        on_token=ticks.append, should_stop=lambda: len(ticks) >= 3,
-    )  # fmt: skip
+        peaked_lm,
+        _rows(peaked_lm)[:2],
+        [0, 1],
+        PruneParams(),
+        max_new_tokens=20,
+        on_token=ticks.append,
+        should_stop=lambda: len(ticks) >= 3,
+    )
     assert out.stopped and ticks == [1, 2, 3]
     assert all(len(r) <= 3 for r in out.ids)
 

@@ -72,10 +72,12 @@ def test_matched_gap_reads_points_in_x_order():
 def test_a_constant_lift_at_the_same_diversity_dominates_with_a_zero_width_ci():
     coh = [0.2, 0.5, 0.9, 0.4]
     d2 = {0.7: [0.80, 0.82, 0.84, 0.86], 1.3: [0.90, 0.92, 0.94, 0.96]}
-    df = synth.rows({
-        "A": {v: ([c - 0.1 * (v > 1) for c in coh], d2[v]) for v in d2},
-        "B": {v: ([c + 0.1 - 0.1 * (v > 1) for c in coh], d2[v]) for v in d2},
-    })  # fmt: skip
+    df = synth.rows(
+        {
+            "A": {v: ([c - 0.1 * (v > 1) for c in coh], d2[v]) for v in d2},
+            "B": {v: ([c + 0.1 - 0.1 * (v > 1) for c in coh], d2[v]) for v in d2},
+        }
+    )
     s = summarize(df, n_boot=200)
     d = s.dominance[0]
     assert (d.a, d.b) == ("A", "B")
@@ -92,10 +94,12 @@ def test_no_lift_gives_no_verdict_and_the_ci_straddles_zero():
     rng = np.random.default_rng(0)
     d2 = [0.8 + 0.01 * i for i in range(12)]
     noise = rng.normal(0, 0.2, 12)
-    df = synth.rows({
-        "A": {0.7: ([0.5] * 12, d2), 1.3: ([0.4] * 12, [x + 0.1 for x in d2])},
-        "B": {0.7: (list(0.5 + noise), d2), 1.3: (list(0.4 - noise), [x + 0.1 for x in d2])},
-    })  # fmt: skip
+    df = synth.rows(
+        {
+            "A": {0.7: ([0.5] * 12, d2), 1.3: ([0.4] * 12, [x + 0.1 for x in d2])},
+            "B": {0.7: (list(0.5 + noise), d2), 1.3: (list(0.4 - noise), [x + 0.1 for x in d2])},
+        }
+    )
     d = summarize(df, n_boot=500).dominance[0]
     assert d.lo < 0 < d.hi
     assert d.verdict.startswith("neither B nor A dominates")
@@ -148,8 +152,12 @@ def test_frontier_docstring_examples():
 def _cfg(**kw):
     base = dict(
         settings=(parse_side("top_p=0.9"), parse_side("top_p=0.9,gravity_lambda=1")),
-        values=(0.7, 1.3), n_prompts=2, seeds=2, new_tokens=4, batch_rows=4,
-    )  # fmt: skip
+        values=(0.7, 1.3),
+        n_prompts=2,
+        seeds=2,
+        new_tokens=4,
+        batch_rows=4,
+    )
     base.update(kw)
     return SweepConfig(**base)
 
@@ -172,8 +180,9 @@ def test_a_stopped_sweep_resumes_and_ends_like_an_uninterrupted_one(peaked_lm, j
     def stop_in_second_batch():  # half of the second batch of 4 rows made
         return any(p.rows_done >= 6 for p in seen)
 
-    first = run_sweep(peaked_lm, cfg, out, judge=judge, on_progress=seen.append,
-                      should_stop=stop_in_second_batch)  # fmt: skip
+    first = run_sweep(
+        peaked_lm, cfg, out, judge=judge, on_progress=seen.append, should_stop=stop_in_second_batch
+    )
     assert first.stopped and first.new_rows == 4
     assert len(load_results(out)) == 4  # the finished batch only
     second = run_sweep(peaked_lm, cfg, out, judge=judge)
@@ -206,8 +215,23 @@ def test_cli_end_to_end_and_summary_only(peaked_dir, tmp_path, capsys):
     from semviz.cli import main
 
     out = tmp_path / "r.parquet"
-    args = ["frontier", "--model", str(peaked_dir), "--prompts", "2", "--seeds", "2",
-            "--tokens", "4", "--values", "0.7,1.3", "--out", str(out), "--boot", "50"]  # fmt: skip
+    args = [
+        "frontier",
+        "--model",
+        str(peaked_dir),
+        "--prompts",
+        "2",
+        "--seeds",
+        "2",
+        "--tokens",
+        "4",
+        "--values",
+        "0.7,1.3",
+        "--out",
+        str(out),
+        "--boot",
+        "50",
+    ]
     assert main([*args, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["rows"] == 16 and got["new_rows"] == 16 and len(got["points"]) == 4
@@ -251,10 +275,12 @@ def test_a_results_file_over_its_limit_is_refused_before_it_is_read(tmp_path):
 def _pair(coh_b_shift: float, d2_b: dict | None = None):
     d2 = {0.7: [0.80, 0.82, 0.84, 0.86], 1.3: [0.90, 0.92, 0.94, 0.96]}
     coh = [0.6, 0.5, 0.7, 0.4]
-    return synth.rows({
-        "A": {v: ([c - 0.2 * (v > 1) for c in coh], d2[v]) for v in d2},
-        "B": {v: ([c + coh_b_shift - 0.2 * (v > 1) for c in coh], (d2_b or d2)[v]) for v in d2},
-    })  # fmt: skip
+    return synth.rows(
+        {
+            "A": {v: ([c - 0.2 * (v > 1) for c in coh], d2[v]) for v in d2},
+            "B": {v: ([c + coh_b_shift - 0.2 * (v > 1) for c in coh], (d2_b or d2)[v]) for v in d2},
+        }
+    )
 
 
 def test_dominance_is_computed_on_every_axis_and_the_verdict_names_the_agreement():
@@ -296,12 +322,20 @@ def test_agreement_sentences_for_each_case():
 def test_the_headline_axis_is_the_one_spanning_most_point_cis():
     from semviz.frontier.sweep import axis_resolution, best_axis
 
-    pts = pd.DataFrame({
-        "spec": ["a", "a", "b", "b"],
-        "wide": [0.1, 0.9, 0.2, 0.8], "wide_lo": [0.0, 0.8, 0.1, 0.7], "wide_hi": [0.2, 1.0, 0.3, 0.9],
-        "flat": [0.97, 0.99, 0.98, 0.99], "flat_lo": [0.9, 0.9, 0.9, 0.9], "flat_hi": [1.0] * 4,
-        "apart": [0.1, 0.2, 0.5, 0.6], "apart_lo": [0.0, 0.1, 0.4, 0.5], "apart_hi": [0.2, 0.3, 0.6, 0.7],
-    })  # fmt: skip
+    pts = pd.DataFrame(
+        {
+            "spec": ["a", "a", "b", "b"],
+            "wide": [0.1, 0.9, 0.2, 0.8],
+            "wide_lo": [0.0, 0.8, 0.1, 0.7],
+            "wide_hi": [0.2, 1.0, 0.3, 0.9],
+            "flat": [0.97, 0.99, 0.98, 0.99],
+            "flat_lo": [0.9, 0.9, 0.9, 0.9],
+            "flat_hi": [1.0] * 4,
+            "apart": [0.1, 0.2, 0.5, 0.6],
+            "apart_lo": [0.0, 0.1, 0.4, 0.5],
+            "apart_hi": [0.2, 0.3, 0.6, 0.7],
+        }
+    )
     assert axis_resolution(pts, "wide") == pytest.approx((0.8 - 0.2) / 0.2)
     assert axis_resolution(pts, "flat") == pytest.approx((0.99 - 0.98) / 0.1)
     assert axis_resolution(pts, "apart") == 0.0  # no common range: no matched comparison

@@ -31,10 +31,13 @@ def _same(rows):
     """The rows without timings; floats to 1e-6 (a shard's batch holds other rows than the
     whole grid's, which moves the last bits of a batched forward)."""
     return [
-        {k: pytest.approx(v, rel=1e-3, abs=1e-6) if isinstance(v, float) else v
-         for k, v in r.items() if k not in TIMED}
+        {
+            k: pytest.approx(v, rel=1e-3, abs=1e-6) if isinstance(v, float) else v
+            for k, v in r.items()
+            if k not in TIMED
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def test_a_grid_has_the_rows_of_one_kv_eval_per_text(tiny_lm):
@@ -57,18 +60,33 @@ def test_a_stopped_grid_keeps_whole_shards_only(tiny_lm):
     texts = _ids(tiny_lm)
     seen = []
     rows, stopped = kv_grid(
-        texts, ["full", "window"], [6, 8], lm=tiny_lm,
-        on_progress=lambda d, t, label: seen.append(label), should_stop=lambda: "a.txt · budget 8" in seen,
-    )  # fmt: skip
+        texts,
+        ["full", "window"],
+        [6, 8],
+        lm=tiny_lm,
+        on_progress=lambda d, t, label: seen.append(label),
+        should_stop=lambda: "a.txt · budget 8" in seen,
+    )
     assert stopped
     assert [(r["text"], r["policy"], r["budget"]) for r in rows] == [
-        ("a.txt", "full", None), ("a.txt", "window", 6)
-    ]  # fmt: skip
+        ("a.txt", "full", None),
+        ("a.txt", "window", 6),
+    ]
 
 
 def test_kv_eval_cli_takes_several_texts(tiny_dir, tmp_path, capsys):
-    argv = ["kv-eval", "--model", str(tiny_dir), "--tokens", "16", "--budgets", "6",
-            "--policies", "full,window", "--quiet"]  # fmt: skip
+    argv = [
+        "kv-eval",
+        "--model",
+        str(tiny_dir),
+        "--tokens",
+        "16",
+        "--budgets",
+        "6",
+        "--policies",
+        "full,window",
+        "--quiet",
+    ]
     for name, t in TEXTS.items():
         (tmp_path / name).write_text(t)
         argv += ["--text", str(tmp_path / name)]
@@ -76,8 +94,12 @@ def test_kv_eval_cli_takes_several_texts(tiny_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["texts"] == {"a.txt": 16, "b.txt": 16}
     got = [(r["text"], r["policy"], r["budget"]) for r in out["rows"]]
-    assert got == [("a.txt", "full", None), ("a.txt", "window", 6),
-                   ("b.txt", "full", None), ("b.txt", "window", 6)]  # fmt: skip
+    assert got == [
+        ("a.txt", "full", None),
+        ("a.txt", "window", 6),
+        ("b.txt", "full", None),
+        ("b.txt", "window", 6),
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "a.txt · 16 tokens" in table and "b.txt · 16 tokens" in table

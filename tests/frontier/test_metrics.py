@@ -24,8 +24,14 @@ def test_words_lowercase_and_drop_punctuation():
 
 def test_words_keep_code_identifiers_whole():
     assert words("def is_palindrome(s):\n    return s == s[::-1]") == [
-        "def", "is_palindrome", "s", "return", "s", "s", "1",
-    ]  # fmt: skip
+        "def",
+        "is_palindrome",
+        "s",
+        "return",
+        "s",
+        "s",
+        "1",
+    ]
 
 
 def test_word_metrics_of_a_plain_sentence():

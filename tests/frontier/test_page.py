@@ -36,8 +36,11 @@ def run_page_sweep(at, out, *, seconds: float = 600, **fields) -> dict:
     import time
 
     for key, value in {**fields, "out": str(out)}.items():
-        w = at.text_input(key=f"fr_{key}") if isinstance(value, str) else at.number_input(
-            key=f"fr_{key}")  # fmt: skip
+        w = (
+            at.text_input(key=f"fr_{key}")
+            if isinstance(value, str)
+            else at.number_input(key=f"fr_{key}")
+        )
         w.set_value(value)
     at.button(key="fr_run").click().run()
     job = at.session_state["frontier_job"]
@@ -75,11 +78,13 @@ def test_opens_on_the_shipped_frontier(page):
 
 
 def test_a_results_file_with_picked_settings_and_sample_continuations(page, tmp_path):
-    df = synth.rows({
-        "A": {0.7: ([0.5, 0.6], [0.80, 0.85]), 1.3: ([0.4, 0.5], [0.90, 0.95])},
-        "B": {0.7: ([0.6, 0.7], [0.80, 0.85]), 1.3: ([0.5, 0.6], [0.90, 0.95])},
-        "C": {0.7: ([0.1, 0.2], [0.80, 0.85]), 1.3: ([0.1, 0.1], [0.90, 0.95])},
-    })  # fmt: skip
+    df = synth.rows(
+        {
+            "A": {0.7: ([0.5, 0.6], [0.80, 0.85]), 1.3: ([0.4, 0.5], [0.90, 0.95])},
+            "B": {0.7: ([0.6, 0.7], [0.80, 0.85]), 1.3: ([0.5, 0.6], [0.90, 0.95])},
+            "C": {0.7: ([0.1, 0.2], [0.80, 0.85]), 1.3: ([0.1, 0.1], [0.90, 0.95])},
+        }
+    )
     path = tmp_path / "r.parquet"
     df.to_parquet(path)
     page.radio(key="fr_source").set_value("A results file").run()

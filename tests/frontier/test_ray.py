@@ -18,8 +18,12 @@ KEY = ["spec", "value", "prompt_id", "seed"]
 def _cfg():
     return SweepConfig(
         settings=(parse_side("min_p=0.1"), parse_side("top_p=0.9,gravity_lambda=0.5")),
-        values=(0.7, 1.3), n_prompts=2, seeds=2, new_tokens=4, batch_rows=2,
-    )  # fmt: skip
+        values=(0.7, 1.3),
+        n_prompts=2,
+        seeds=2,
+        new_tokens=4,
+        batch_rows=2,
+    )
 
 
 def _rows(df):
@@ -48,9 +52,14 @@ def test_a_ray_sweep_stopped_midway_resumes_to_the_rows_of_one_in_this_process(
     ex = Executor(sweep_task(cfg, score=False), model=ray_pool, workers=2)
     with ex:
         first = run_sweep(
-            None, cfg, path, score=False, executor=ex, on_progress=seen.append,
+            None,
+            cfg,
+            path,
+            score=False,
+            executor=ex,
+            on_progress=seen.append,
             should_stop=lambda: any(p.rows_done >= 4 for p in seen),
-        )  # fmt: skip
+        )
         assert ray.is_initialized() and len(ex._pool.actors) == 2
     assert not ray.is_initialized()  # the Ray this executor started is shut down
     assert first.stopped and 4 <= first.new_rows < 16
@@ -117,8 +126,9 @@ def test_a_kv_eval_grid_on_ray_has_the_rows_of_one_run_here(peaked_lm, ray_pool)
         }
 
 
-def test_the_frontier_page_hands_its_sweep_to_ray_workers(peaked_dir, peaked_lm, tmp_path,
-                                                          monkeypatch):  # fmt: skip
+def test_the_frontier_page_hands_its_sweep_to_ray_workers(
+    peaked_dir, peaked_lm, tmp_path, monkeypatch
+):
     """The page's sweep form with "Ray workers" 1: the batches run on a local Ray worker that
     loads the sidebar's model, and the rows are the ones a sweep in this process makes."""
     pytest.importorskip("ray")
@@ -133,14 +143,20 @@ def test_the_frontier_page_hands_its_sweep_to_ray_workers(peaked_dir, peaked_lm,
     at.run()
     at.switch_page(PAGE).run()
     out = tmp_path / "ray.parquet"
-    job = run_page_sweep(at, out, a="min_p=0.1", b="top_p=0.9", values="0.7", n=2, seeds=1,
-                         tokens=4, workers=1)  # fmt: skip
+    job = run_page_sweep(
+        at, out, a="min_p=0.1", b="top_p=0.9", values="0.7", n=2, seeds=1, tokens=4, workers=1
+    )
     assert job["result"] == "4 new rows on 1 Ray worker, 0 already there"
     assert not ray.is_initialized()  # the Ray the sweep started is shut down
     cfg = SweepConfig(
-        settings=(parse_side("min_p=0.1"), parse_side("top_p=0.9")), values=(0.7,),
-        n_prompts=2, seeds=1, new_tokens=4, chat=True, split="dev",  # the form's defaults
-    )  # fmt: skip
+        settings=(parse_side("min_p=0.1"), parse_side("top_p=0.9")),
+        values=(0.7,),
+        n_prompts=2,
+        seeds=1,
+        new_tokens=4,
+        chat=True,
+        split="dev",  # the form's defaults
+    )
     here = run_sweep(peaked_lm, cfg, tmp_path / "here.parquet", score=False).frame
     a, _ = _rows(here)
     b, _ = _rows(load_results(out))

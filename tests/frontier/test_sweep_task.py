@@ -34,8 +34,12 @@ class StopInSecondBatch(Turns):
 def test_a_sweep_task_reports_rows_and_stops_keeping_the_finished_batch(peaked_lm, judge, tmp_path):
     cfg = SweepConfig(
         settings=(parse_side("top_p=0.9"), parse_side("top_p=0.9,gravity_lambda=1")),
-        values=(0.7, 1.3), n_prompts=2, seeds=2, new_tokens=4, batch_rows=4,
-    )  # fmt: skip
+        values=(0.7, 1.3),
+        n_prompts=2,
+        seeds=2,
+        new_tokens=4,
+        batch_rows=4,
+    )
     out = tmp_path / "r.parquet"
     t = FrontierTask(peaked_lm, cfg, out, judge=judge)
     assert t.progress().total is None  # nothing known before the sweep starts

@@ -36,18 +36,44 @@ FLOAT_GENERIC = [("float: not a number", v) for v in ("x", "")] + [
 ]
 # values out of a flag's own range (the generic ones above apply to every flag of the type)
 OUT_OF_RANGE = {
-    "steps": ["0", "-3", "8193"], "seed": ["-1", str(2**31), str(2**63)], "kv_budget": ["7", "8193"], "show": ["-1", "1001"],
-    ("kv-eval", "tokens"): ["1", "0"], ("bench", "tokens"): ["0", "100001"], "prefill": ["0", "12"], "threads": ["0"], "repeats": ["0"],
-    "memory_tokens": ["0", "15", "100000"], "step": ["-1", "2"],
-    "top_k": ["-1"], "min_tokens_to_keep": ["0"], "rerank_k": ["0"], "controller_sign": ["0", "2"],
-    "fallback_ngram": ["0"], "fallback_ngram_repeats": ["0"], "fallback_collapse_steps": ["0"],
-    "temperature": ["-0.5"], "top_p": ["0", "1.5"], "min_p": ["-0.1", "1.1"], "typical_p": ["0"],
-    "epsilon": ["1"], "eta": ["-0.1"], "ema_decay": ["1"], "edt_n": ["0", "1"],
-    "dynatemp_exponent": ["0"], "mirostat_tau": ["0"], "mirostat_eta": ["0"],
-    "adaptive_t_min": ["0"], "free_energy_kappa": ["-1"], "target_entropy": ["-1"],
-    "controller_gain": ["-1"], "edt_theta": ["-1"], "dynatemp_range": ["-1"],
-    "fallback_collapse_threshold": ["-1"], "fallback_gravity_ratio": ["0"],
-}  # fmt: skip
+    "steps": ["0", "-3", "8193"],
+    "seed": ["-1", str(2**31), str(2**63)],
+    "kv_budget": ["7", "8193"],
+    "show": ["-1", "1001"],
+    ("kv-eval", "tokens"): ["1", "0"],
+    ("bench", "tokens"): ["0", "100001"],
+    "prefill": ["0", "12"],
+    "threads": ["0"],
+    "repeats": ["0"],
+    "memory_tokens": ["0", "15", "100000"],
+    "step": ["-1", "2"],
+    "top_k": ["-1"],
+    "min_tokens_to_keep": ["0"],
+    "rerank_k": ["0"],
+    "controller_sign": ["0", "2"],
+    "fallback_ngram": ["0"],
+    "fallback_ngram_repeats": ["0"],
+    "fallback_collapse_steps": ["0"],
+    "temperature": ["-0.5"],
+    "top_p": ["0", "1.5"],
+    "min_p": ["-0.1", "1.1"],
+    "typical_p": ["0"],
+    "epsilon": ["1"],
+    "eta": ["-0.1"],
+    "ema_decay": ["1"],
+    "edt_n": ["0", "1"],
+    "dynatemp_exponent": ["0"],
+    "mirostat_tau": ["0"],
+    "mirostat_eta": ["0"],
+    "adaptive_t_min": ["0"],
+    "free_energy_kappa": ["-1"],
+    "target_entropy": ["-1"],
+    "controller_gain": ["-1"],
+    "edt_theta": ["-1"],
+    "dynatemp_range": ["-1"],
+    "fallback_collapse_threshold": ["-1"],
+    "fallback_gravity_ratio": ["0"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +83,12 @@ def world(tmp_path_factory, tiny_dir, tiny_lm):
     from semviz.sampling import PruneParams
 
     d = tmp_path_factory.mktemp("in")
-    dec = Decoder(tiny_lm, "A quiet harbour", PruneParams(gravity_lambda=0.5, gravity_mass="uniform"),
-                  DecodeSettings(max_new_tokens=2, seed=1, record_k=16))  # fmt: skip
+    dec = Decoder(
+        tiny_lm,
+        "A quiet harbour",
+        PruneParams(gravity_lambda=0.5, gravity_mass="uniform"),
+        DecodeSettings(max_new_tokens=2, seed=1, record_k=16),
+    )
     dec.run(2)
     good = dec.trace.save(d / "good.json")
     doc = json.loads(good.read_text())
@@ -88,17 +118,59 @@ def base_argv(cmd: str, w: dict, out: Path) -> list[str]:
     """A command of each kind that succeeds quickly on the tiny model."""
     tiny = ["--model", w["tiny"]]
     return {
-        "trace": ["trace", "--prompt", "Hi", "--steps", "2", "--out", str(out / "t.json"),
-                  "--json", *tiny],
-        "report": ["report", "--prompt", "Hi", "--steps", "2", "--out", str(out / "rep"),
-                   "--no-png", "--json", *tiny],
+        "trace": [
+            "trace",
+            "--prompt",
+            "Hi",
+            "--steps",
+            "2",
+            "--out",
+            str(out / "t.json"),
+            "--json",
+            *tiny,
+        ],
+        "report": [
+            "report",
+            "--prompt",
+            "Hi",
+            "--steps",
+            "2",
+            "--out",
+            str(out / "rep"),
+            "--no-png",
+            "--json",
+            *tiny,
+        ],
         "replay": ["replay", w["good"], "--json", "--gravity-mass", "attention", *tiny],
-        "compare": ["compare", "--a", "plain", "--b", "top_k=5", "--prompt", "Hi",
-                    "--steps", "2", "--json", *tiny],
-        "kv-eval": ["kv-eval", "--text", str(w["in"] / "text.txt"), "--tokens", "12",
-                    "--budget", "4", "--policies", "full,window", "--json", "--quiet", *tiny],
+        "compare": [
+            "compare",
+            "--a",
+            "plain",
+            "--b",
+            "top_k=5",
+            "--prompt",
+            "Hi",
+            "--steps",
+            "2",
+            "--json",
+            *tiny,
+        ],
+        "kv-eval": [
+            "kv-eval",
+            "--text",
+            str(w["in"] / "text.txt"),
+            "--tokens",
+            "12",
+            "--budget",
+            "4",
+            "--policies",
+            "full,window",
+            "--json",
+            "--quiet",
+            *tiny,
+        ],
         "bench": ["bench", "--tokens", "2", "--repeats", "1", "--no-float32", "--json", *tiny],
-    }[cmd]  # fmt: skip
+    }[cmd]
 
 
 def bad_values(cmd: str, action: argparse.Action, w: dict) -> list[tuple[str, str]]:
@@ -139,39 +211,76 @@ def bad_values(cmd: str, action: argparse.Action, w: dict) -> list[tuple[str, st
 
 def _by_dest(cmd: str, dest: str, d: Path) -> list[tuple[str, str]]:
     ro = "/proc" if os.geteuid() == 0 else "/"  # a folder even root cannot write in
-    traces = [("trace file: " + k, str(v)) for k, v in [
-        ("missing", d / "missing.json"), ("a folder", d / "folder"), ("a device", "/dev/zero"),
-        ("not JSON", d / "notjson.json"), ("nested 5,000 deep", d / "deep.json"),
-        ("over the size limit", d / "huge.json"), ("float version", d / "version.json"),
-        ("tampered dtype", d / "tampered.json"), ("id past the vocabulary", d / "bigid.json"),
-    ]]  # fmt: skip
+    traces = [
+        ("trace file: " + k, str(v))
+        for k, v in [
+            ("missing", d / "missing.json"),
+            ("a folder", d / "folder"),
+            ("a device", "/dev/zero"),
+            ("not JSON", d / "notjson.json"),
+            ("nested 5,000 deep", d / "deep.json"),
+            ("over the size limit", d / "huge.json"),
+            ("float version", d / "version.json"),
+            ("tampered dtype", d / "tampered.json"),
+            ("id past the vocabulary", d / "bigid.json"),
+        ]
+    ]
     table = {
-        ("trace", "out"): [("output file: " + k, str(v)) for k, v in [
-            ("a folder", d / "folder"), ("folder missing", d / "nodir" / "t.json"),
-            ("read-only folder", f"{ro}/semviz-t.json"), ("exists, no --force", d / "existing.json"),
-            ("empty", ""), ("a device", "/dev/null")]],
-        ("report", "out"): [("output folder: " + k, str(v)) for k, v in [
-            ("a file", d / "existing.json"), ("parent missing", d / "nodir" / "rep"),
-            ("read-only folder", f"{ro}/semviz-rep"), ("holds a report, no --force", d / "oldreport"),
-            ("empty", "")]],
-        ("compare", "markdown"): [("output file: " + k, str(v)) for k, v in [
-            ("a folder", d / "folder"), ("folder missing", d / "nodir" / "x.md"),
-            ("read-only folder", f"{ro}/semviz-x.md"), ("exists, no --force", d / "existing.md"),
-            ("a device", "/dev/null")]],
+        ("trace", "out"): [
+            ("output file: " + k, str(v))
+            for k, v in [
+                ("a folder", d / "folder"),
+                ("folder missing", d / "nodir" / "t.json"),
+                ("read-only folder", f"{ro}/semviz-t.json"),
+                ("exists, no --force", d / "existing.json"),
+                ("empty", ""),
+                ("a device", "/dev/null"),
+            ]
+        ],
+        ("report", "out"): [
+            ("output folder: " + k, str(v))
+            for k, v in [
+                ("a file", d / "existing.json"),
+                ("parent missing", d / "nodir" / "rep"),
+                ("read-only folder", f"{ro}/semviz-rep"),
+                ("holds a report, no --force", d / "oldreport"),
+                ("empty", ""),
+            ]
+        ],
+        ("compare", "markdown"): [
+            ("output file: " + k, str(v))
+            for k, v in [
+                ("a folder", d / "folder"),
+                ("folder missing", d / "nodir" / "x.md"),
+                ("read-only folder", f"{ro}/semviz-x.md"),
+                ("exists, no --force", d / "existing.md"),
+                ("a device", "/dev/null"),
+            ]
+        ],
         ("report", "trace"): traces,
         ("replay", "trace"): traces,
-        ("kv-eval", "text"): [("text file: " + k, str(v)) for k, v in [
-            ("missing", d / "missing.txt"), ("a folder", d / "folder"), ("a device", "/dev/zero"),
-            ("not UTF-8", d / "latin1.txt"), ("fewer tokens than --tokens", d / "short.txt")]],
-        ("kv-eval", "budget"): [("budget: bad", v) for v in ("0", "-1", "x", "1e308", "nan",
-                                                             "1.5", "", ",")],
+        ("kv-eval", "text"): [
+            ("text file: " + k, str(v))
+            for k, v in [
+                ("missing", d / "missing.txt"),
+                ("a folder", d / "folder"),
+                ("a device", "/dev/zero"),
+                ("not UTF-8", d / "latin1.txt"),
+                ("fewer tokens than --tokens", d / "short.txt"),
+            ]
+        ],
+        ("kv-eval", "budget"): [
+            ("budget: bad", v) for v in ("0", "-1", "x", "1e308", "nan", "1.5", "", ",")
+        ],
         ("kv-eval", "budgets"): [("budget: bad", v) for v in ("0,4", "x", "1e308", ",")],
         ("kv-eval", "policies"): [("policy: bad", v) for v in ("nope", "", ",", "full,nope")],
-        ("kv-eval", "address"): [("address: bad", v) for v in ("", "nohost", "host:", ":80",
-                                                              "host:99999", "ray://host")],
-        ("kv-eval", "policy_arg"): [("policy: bad", v) for v in ("gravity.beta", "x=1",
-                                                                 "window.nope=1", "nope.x=1")],
-    }  # fmt: skip
+        ("kv-eval", "address"): [
+            ("address: bad", v) for v in ("", "nohost", "host:", ":80", "host:99999", "ray://host")
+        ],
+        ("kv-eval", "policy_arg"): [
+            ("policy: bad", v) for v in ("gravity.beta", "x=1", "window.nope=1", "nope.x=1")
+        ],
+    }
     if (cmd, dest) in table:
         return table[(cmd, dest)]
     if dest == "model":
@@ -253,8 +362,9 @@ def _memo_load(real):
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
-def test_bad_values_exit_2_with_one_line_and_leave_nothing(cmd, world, tmp_path, capsys,
-                                                           monkeypatch):  # fmt: skip
+def test_bad_values_exit_2_with_one_line_and_leave_nothing(
+    cmd, world, tmp_path, capsys, monkeypatch
+):
     import semviz.model.load
 
     monkeypatch.setattr(semviz.model.load, "load_model", _memo_load(semviz.model.load.load_model))

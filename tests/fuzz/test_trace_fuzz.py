@@ -84,8 +84,12 @@ def test_every_field_swapped_for_every_other_type(base_traces):
             field = tuple(k for k in path if isinstance(k, str))[: 2 if path[0] == "steps" else 1]
             charts = field not in charted
             try:
-                msg = outcome("trace: type swap", dumps(with_value(doc, path, value)),
-                              charts=charts, where=f"{path} <- {name}")  # fmt: skip
+                msg = outcome(
+                    "trace: type swap",
+                    dumps(with_value(doc, path, value)),
+                    charts=charts,
+                    where=f"{path} <- {name}",
+                )
             except Bad as exc:
                 bad.append(str(exc))
                 continue
@@ -150,8 +154,18 @@ def tensor_mutation(draw, old: dict):
     if how == "dtype":
         return {**old, "__tensor__": draw(st.sampled_from(DTYPES))}
     if how == "shape":
-        edits = [shape[:-1], [*shape, 1], [s + 1 for s in shape], shape[::-1], [0, *shape],
-                 [-1], [True], ["2"], [2**40, 2**40], [0, 2**40]]  # fmt: skip
+        edits = [
+            shape[:-1],
+            [*shape, 1],
+            [s + 1 for s in shape],
+            shape[::-1],
+            [0, *shape],
+            [-1],
+            [True],
+            ["2"],
+            [2**40, 2**40],
+            [0, 2**40],
+        ]
         return {**old, "shape": draw(st.sampled_from(edits))}
     if how == "data":
         return {**old, "data": old["data"][: draw(st.integers(0, max(len(old["data"]) - 1, 0)))]}
@@ -184,11 +198,23 @@ def test_structure_edits(base_traces, data):
     doc = json.loads(json.dumps(base_traces["full"]))
     steps = doc["steps"]
     how = data.draw(
-        st.sampled_from(["drop step", "duplicate step", "swap steps", "reverse steps",
-                         "no steps", "prompt shorter", "prompt longer", "step as list",
-                         "trace as list", "format", "version"]),
+        st.sampled_from(
+            [
+                "drop step",
+                "duplicate step",
+                "swap steps",
+                "reverse steps",
+                "no steps",
+                "prompt shorter",
+                "prompt longer",
+                "step as list",
+                "trace as list",
+                "format",
+                "version",
+            ]
+        ),
         label="edit",
-    )  # fmt: skip
+    )
     if how == "drop step":
         del steps[data.draw(st.integers(0, len(steps) - 1))]
     elif how == "duplicate step":

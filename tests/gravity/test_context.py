@@ -27,9 +27,19 @@ def test_prompt_roles_of_a_chat_prompt(tiny_lm):
         == "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
     )
     assert [t for t, r in zip(text, roles, strict=True) if r == T] == [
-        "<|im_start|>", "<|im_end|>", "\n", "<|im_start|>", "user", "\n",
-        "<|im_end|>", "\n", "<|im_start|>", "ass", "istant", "\n",
-    ]  # fmt: skip
+        "<|im_start|>",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "user",
+        "\n",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "ass",
+        "istant",
+        "\n",
+    ]
 
 
 def test_prompt_roles_with_a_system_prompt_and_without_chat(tiny_lm):
@@ -120,9 +130,16 @@ def test_repeat_tokens_and_guard():
 def test_guard_stops_the_pull_towards_a_loop(tiny_lm):
     """With n = 2, the token that would repeat the last bigram gets no positive gravity."""
     ids = torch.tensor([100, 200, 300, 100, 200, 300, 100])
-    p = PruneParams(gravity_kind="pull", gravity_anchor="context", gravity_skip_template=False,
-                    gravity_sinks=0, gravity_mass="uniform", gravity_ngram=2,
-                    gravity_copy_cos=0.0, gravity_attract_only=False)  # fmt: skip
+    p = PruneParams(
+        gravity_kind="pull",
+        gravity_anchor="context",
+        gravity_skip_template=False,
+        gravity_sinks=0,
+        gravity_mass="uniform",
+        gravity_ngram=2,
+        gravity_copy_cos=0.0,
+        gravity_attract_only=False,
+    )
     g = gv.gravity_for_step(tiny_lm.model, p, gv.GravityContext(ids=ids))
     free = gv.gravity_for_step(
         tiny_lm.model, p.replace(gravity_ngram=0), gv.GravityContext(ids=ids)
@@ -141,9 +158,15 @@ def test_copy_guard_drops_near_copies_of_context_tokens(tiny_lm):
     want = (((unit[[100, 200]] @ unit.T) >= 0.3 - 1e-6).any(0)).nonzero()[:, 0]
     assert torch.equal(got, want) and {100, 200} <= set(got.tolist())
     assert gv.near_copies(model, ids, 1.0).tolist() == [100, 200]  # only the tokens themselves
-    p = PruneParams(gravity_kind="pull", gravity_anchor="context", gravity_skip_template=False,
-                    gravity_sinks=0, gravity_mass="uniform", gravity_copy_cos=0.3,
-                    gravity_attract_only=False)  # fmt: skip
+    p = PruneParams(
+        gravity_kind="pull",
+        gravity_anchor="context",
+        gravity_skip_template=False,
+        gravity_sinks=0,
+        gravity_mass="uniform",
+        gravity_copy_cos=0.3,
+        gravity_attract_only=False,
+    )
     g = gv.gravity_for_step(model, p, gv.GravityContext(ids=ids))
     free = gv.gravity_for_step(model, p.replace(gravity_copy_cos=0.0), gv.GravityContext(ids=ids))
     hit = torch.zeros_like(g, dtype=torch.bool)
@@ -155,9 +178,16 @@ def test_copy_guard_drops_near_copies_of_context_tokens(tiny_lm):
 
 def test_attract_only_pulls_above_the_floor_and_pushes_nothing(tiny_lm):
     ids = torch.tensor([100, 200, 300])
-    p = PruneParams(gravity_kind="pull", gravity_anchor="context", gravity_skip_template=False,
-                    gravity_sinks=0, gravity_mass="uniform", gravity_ngram=0,
-                    gravity_copy_cos=0.0, gravity_attract_only=False)  # fmt: skip
+    p = PruneParams(
+        gravity_kind="pull",
+        gravity_anchor="context",
+        gravity_skip_template=False,
+        gravity_sinks=0,
+        gravity_mass="uniform",
+        gravity_ngram=0,
+        gravity_copy_cos=0.0,
+        gravity_attract_only=False,
+    )
     signed = gv.gravity_for_step(tiny_lm.model, p, gv.GravityContext(ids=ids))
     att = gv.gravity_for_step(
         tiny_lm.model,

@@ -41,10 +41,17 @@ def _generate(lm, params):
         spy = _Spy(proc)
         torch.manual_seed(0)
         out = lm.model.generate(
-            ids, attention_mask=mask, do_sample=True, max_new_tokens=STEPS, min_new_tokens=STEPS,
-            logits_processor=LogitsProcessorList([proc, spy]), pad_token_id=tok.pad_token_id,
-            temperature=1.0, top_k=0, top_p=1.0,
-        )  # fmt: skip
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            logits_processor=LogitsProcessorList([proc, spy]),
+            pad_token_id=tok.pad_token_id,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+        )
     return out[:, n:], spy.g
 
 
@@ -61,9 +68,12 @@ def _generate(lm, params):
 )
 def test_each_row_equals_the_decoder(tiny_lm, kind, mass, space, tol):
     p = PruneParams(
-        temperature=1.0, gravity_lambda=1.0, gravity_kind=kind, gravity_mass=mass,
+        temperature=1.0,
+        gravity_lambda=1.0,
+        gravity_kind=kind,
+        gravity_mass=mass,
         gravity_space=space,
-    )  # fmt: skip
+    )
     new, gs = _generate(tiny_lm, p)
     assert len(gs) == STEPS
     for b, prompt in enumerate(PROMPTS):

@@ -174,9 +174,13 @@ def test_stop_keeps_what_was_made(tiny_lm):
 
     made = []
     cmp = compare(
-        tiny_lm, PROMPT, [parse_side("plain"), parse_side("top_k=3")], steps=20,
-        should_stop=should_stop, on_step=lambda i, rec: made.append(i),
-    )  # fmt: skip
+        tiny_lm,
+        PROMPT,
+        [parse_side("plain"), parse_side("top_k=3")],
+        steps=20,
+        should_stop=should_stop,
+        on_step=lambda i, rec: made.append(i),
+    )
     assert cmp.stopped and not cmp.finished
     assert [len(t.steps) for t in cmp.traces] == [3, 3]
     assert made == [0, 1] * 3
@@ -208,10 +212,23 @@ def test_cli_compare_json_and_markdown(tiny_dir, tmp_path, capsys, monkeypatch):
 
     md = tmp_path / "table.md"
     argv = [
-        "compare", "--model", str(tiny_dir), "--a", "top_p=0.9", "--b",
-        "top_p=0.9,gravity_lambda=0.5", "--prompt", PROMPT, "--prompt", "Hello there",
-        "--steps", "4", "--json", "--markdown", str(md),
-    ]  # fmt: skip
+        "compare",
+        "--model",
+        str(tiny_dir),
+        "--a",
+        "top_p=0.9",
+        "--b",
+        "top_p=0.9,gravity_lambda=0.5",
+        "--prompt",
+        PROMPT,
+        "--prompt",
+        "Hello there",
+        "--steps",
+        "4",
+        "--json",
+        "--markdown",
+        str(md),
+    ]
     monkeypatch.setattr("sys.argv", ["semviz", *argv])
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)

@@ -17,9 +17,11 @@ LENS_VIEWS = ["lens_layers", "lens_grid", "lens_blocks", "attention_metrics", "q
 
 def _trace(lm, *, lens_on: bool = True):
     d = Decoder(
-        lm, "The capital of France is", PruneParams(temperature=0),
+        lm,
+        "The capital of France is",
+        PruneParams(temperature=0),
         DecodeSettings(chat=False, max_new_tokens=4, lens=lens_on),
-    )  # fmt: skip
+    )
     d.eos_ids = set()
     d.run(4)
     return d.trace
@@ -71,9 +73,13 @@ def test_another_model_than_the_runs_skips_the_lens_views(tiny_lm, trace):
 
 def test_every_chart_can_be_written_as_svg_and_pdf(tiny_lm, trace, tmp_path):
     rep = report.build(
-        trace, tmp_path / "r", tokenizer=tiny_lm.tokenizer, png=False, lm=tiny_lm,
+        trace,
+        tmp_path / "r",
+        tokenizer=tiny_lm.tokenizer,
+        png=False,
+        lm=tiny_lm,
         vector=("svg", "pdf"),
-    )  # fmt: skip
+    )
     charts = rep.manifest["charts"]
     assert [c["name"] for c in charts] == [v.name for v in rep.views]
     assert {"lens_grid", "lens_blocks", "quadrant"} <= {c["name"] for c in charts}

@@ -72,8 +72,13 @@ def test_pages_without_and_with_a_run(new_app):
 
 def test_copied_link_reproduces_tokens_and_views(new_app):
     a = new_app()
-    for k, v in {"s_temperature": 0.6, "s_top_k": 30, "s_seed": 7, "s_prompt": "A quiet harbour",
-                 "s_gravity_lambda": 0.4}.items():  # fmt: skip
+    for k, v in {
+        "s_temperature": 0.6,
+        "s_top_k": 30,
+        "s_seed": 7,
+        "s_prompt": "A quiet harbour",
+        "s_gravity_lambda": 0.4,
+    }.items():
         a.session_state[k] = v
     a.run()
     run_steps(a, 6)
@@ -223,8 +228,11 @@ def test_tour_applies_its_settings(new_app):
     s = at.session_state["settings"]
     assert (s.temperature, s.top_k, s.top_p) == (0.8, 50, 0.95)  # tour 1's, kept
     assert (s.gravity_lambda, s.gravity_mode, s.gravity_kind, s.gravity_mass) == (
-        0.5, "rerank", "pull", "attention"
-    )  # fmt: skip
+        0.5,
+        "rerank",
+        "pull",
+        "attention",
+    )
     assert len(at.get("plotly_chart")) >= 3  # rank shift, the terms of G, the replayed entropy
     at.switch_page("app_pages/tour_5_ab.py").run()
     at.button(key="tour5_setup").click().run()

@@ -77,8 +77,20 @@ def test_cli_report_from_saved_trace_matches(real_report, tmp_path, capsys):
     from semviz.cli import main
 
     trace, rep = real_report
-    assert main(["report", "--trace", str(rep.out / "trace.json"), "--out", str(tmp_path),
-                 "--no-png", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "report",
+                "--trace",
+                str(rep.out / "trace.json"),
+                "--out",
+                str(tmp_path),
+                "--no-png",
+                "--json",
+            ]
+        )
+        == 0
+    )
     man = json.loads(capsys.readouterr().out)
     assert man["png_engine"] is None and all(c["png"] is None for c in man["charts"])
     a = embedded_figures((rep.out / "report.html").read_text(encoding="utf-8"))
@@ -92,8 +104,23 @@ def test_cli_prompt_and_trace_routes_write_the_same_report(tiny_dir, tmp_path, c
 
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["--model", str(tiny_dir), "--no-png", "--json"]
-    assert main(["report", "--prompt", "The sea", "--preset", "story", "--steps", "5",
-                 "--out", str(a), *common]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "report",
+                "--prompt",
+                "The sea",
+                "--preset",
+                "story",
+                "--steps",
+                "5",
+                "--out",
+                str(a),
+                *common,
+            ]
+        )
+        == 0
+    )
     man = json.loads(capsys.readouterr().out)
     assert man["steps"] == 5 and man["settings"]["params"]["target_entropy"] == 2.5  # the preset
     assert main(["report", "--trace", str(a / "trace.json"), "--out", str(b), *common]) == 0
@@ -117,9 +144,12 @@ def test_playwright_export_and_stop_keep_what_was_made(tiny_lm, tmp_path):
         return asked["n"] > 2
 
     rep = report.build(
-        dec.trace, tmp_path, tokenizer=tiny_lm.tokenizer, engine="playwright",
+        dec.trace,
+        tmp_path,
+        tokenizer=tiny_lm.tokenizer,
+        engine="playwright",
         should_stop=stop_after_two,
-    )  # fmt: skip
+    )
     assert rep.stopped and len(rep.pngs) == 2
     man = json.loads((tmp_path / "report.json").read_text())
     assert man["stopped"] and man["png_engine"] == "playwright"
