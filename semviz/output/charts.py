@@ -1669,6 +1669,7 @@ def lens_grid_figure(
         },
     )
     if selected is not None and selected in steps:
+        # an outline round the selected column, with no fill (the default)
         layout["shapes"] = [
             {
                 "type": "rect",
@@ -1677,7 +1678,7 @@ def lens_grid_figure(
                 "x1": selected + 0.5,
                 "yref": "y domain",
                 "y0": 0,
-                "y1": 1,  # no fill: the default
+                "y1": 1,
                 "line": {"color": style.FOCUS, "width": 3},
             }
         ]

@@ -148,14 +148,14 @@ def test_the_frontier_page_hands_its_sweep_to_ray_workers(
     )
     assert job["result"] == "4 new rows on 1 Ray worker, 0 already there"
     assert not ray.is_initialized()  # the Ray the sweep started is shut down
-    cfg = SweepConfig(
+    cfg = SweepConfig(  # the form's defaults
         settings=(parse_side("min_p=0.1"), parse_side("top_p=0.9")),
         values=(0.7,),
         n_prompts=2,
         seeds=1,
         new_tokens=4,
         chat=True,
-        split="dev",  # the form's defaults
+        split="dev",
     )
     here = run_sweep(peaked_lm, cfg, tmp_path / "here.parquet", score=False).frame
     a, _ = _rows(here)
