@@ -88,6 +88,9 @@ def counted_button(
     data = {"label": label, "count": int(acted), "disabled": bool(disabled), "help": help}
     with where:
         _component()(
-            key=key, data=data, default={"clicks": int(acted)}, width="content",
+            key=key,
+            data=data,
+            default={"clicks": int(acted)},
+            width="content",
             on_clicks_change=_changed,
-        )  # fmt: skip
+        )

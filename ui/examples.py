@@ -48,8 +48,14 @@ def available() -> list[Example]:
     """The examples on disk, the described ones first."""
     files = sorted(FOLDER.glob("*.json")) if FOLDER.is_dir() else []
     out = []
-    for f in sorted(files, key=lambda f: (f.name not in BLURBS, list(BLURBS).index(f.name)
-                                           if f.name in BLURBS else 0, f.name)):  # fmt: skip
+    for f in sorted(
+        files,
+        key=lambda f: (
+            f.name not in BLURBS,
+            list(BLURBS).index(f.name) if f.name in BLURBS else 0,
+            f.name,
+        ),
+    ):
         title, blurb = BLURBS.get(f.name, (f.stem.replace("_", " "), ""))
         out.append(Example(f.name, title, blurb))
     return out

@@ -237,10 +237,13 @@ def open_link(ctx: PageContext) -> None:
         runner.start(sess, ctx.settings, "reproduce", want, takes=takes, sample_params=recorded)
         what = "a branch of the run" if takes else "a run"
         at = " recorded at other sliders than the link shows" if recorded is not None else ""
-        sess.notice = " ".join([
-            f"This link carries {what} of {want} steps{at}: regenerating it with the link's "
-            "settings (same seed, same tokens).", *notes,
-        ])  # fmt: skip
+        sess.notice = " ".join(
+            [
+                f"This link carries {what} of {want} steps{at}: regenerating it with the link's "
+                "settings (same seed, same tokens).",
+                *notes,
+            ]
+        )
     except Exception as exc:  # shown by the header; nothing to lose yet
         sess.error = report(exc, "reproducing the linked run")
 
@@ -324,9 +327,13 @@ def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True
 def stop_button(sess: SessionData, where=st, label: str = "Stop", width="stretch") -> None:
     """Stop (or Pause) for the session's task; draw it outside the ticking fragment."""
     where.button(
-        label, key="job_stop", on_click=_stop_job, args=(sess,), width=width,
+        label,
+        key="job_stop",
+        on_click=_stop_job,
+        args=(sess,),
+        width=width,
         help="Stop after the token being decoded; everything made so far is kept.",
-    )  # fmt: skip
+    )
 
 
 def _tick(ctx: PageContext) -> None:
@@ -479,7 +486,13 @@ def recorded_vs_viewing(recorded: PruneParams, viewing: PruneParams) -> str:
     names = [n for n in PARAM_FIELDS if getattr(recorded, n) != getattr(viewing, n)]
 
     def shown(v) -> str:
-        return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)  # fmt: skip
+        return (
+            ("on" if v else "off")
+            if isinstance(v, bool)
+            else f"{v:g}"
+            if isinstance(v, float)
+            else str(v)
+        )
 
     rec = ", ".join(f"{spec_of(n).label or n} {shown(getattr(recorded, n))}" for n in names)
     view = ", ".join(shown(getattr(viewing, n)) for n in names)
@@ -548,12 +561,15 @@ def whatif_banner(ctx: PageContext) -> None:
             icon=":material/alt_route:",
         )
         c2.button(
-            f"Regenerate from step {k}", key="regen_from", type="primary",
-            on_click=_regenerate, args=(ctx.sess, ctx.settings, k),
+            f"Regenerate from step {k}",
+            key="regen_from",
+            type="primary",
+            on_click=_regenerate,
+            args=(ctx.sess, ctx.settings, k),
             disabled=runner.job(ctx.sess) is not None,
             help="A new branch from this step with the current sliders, decoded as far as the "
             "run went; the recorded branch is kept.",
-        )  # fmt: skip
+        )
     if wi.note:
         st.caption(wi.note)
 
@@ -608,9 +624,13 @@ def step_selector(ctx: PageContext, *, key: str = "step_sel") -> int | None:
 
     st.session_state[key] = ctx.selected
     st.slider(
-        "Selected step", 0, n - 1, key=key, on_change=_moved,
+        "Selected step",
+        0,
+        n - 1,
+        key=key,
+        on_change=_moved,
         help="Every view on every page shows this step. The last step follows new tokens.",
-    )  # fmt: skip
+    )
     return ctx.selected
 
 

@@ -366,10 +366,19 @@ def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) ->
         _add_branch(sess, dec, k, f"{display_token(label)} at step {k} (was {was})")
         sess.selected = k
         shown = escape.markdown(display_token(label))  # the label is shown as markdown
-        _start(sess, Job("branch", f"Branching at step {k} with {shown}",
-                         forced=[*forced, int(token_id)], recorded=len(forced),
-                         sample=max(0, n_old - k - 1), build=build, params=base_params,
-                         select=k))  # fmt: skip
+        _start(
+            sess,
+            Job(
+                "branch",
+                f"Branching at step {k} with {shown}",
+                forced=[*forced, int(token_id)],
+                recorded=len(forced),
+                sample=max(0, n_old - k - 1),
+                build=build,
+                params=base_params,
+                select=k,
+            ),
+        )
 
 
 def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None = None) -> None:
@@ -387,18 +396,31 @@ def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None
         n = max(1, total - k) if n is None else int(n)
         g = sess.ghost
         if (
-            g is not None and g.at == k and g.params == settings.prune_params()
-            and g.decoder is not None and not g.forced
-        ):  # fmt: skip
+            g is not None
+            and g.at == k
+            and g.params == settings.prune_params()
+            and g.decoder is not None
+            and not g.forced
+        ):
             dec, forced, build = g.decoder, [], False
         else:
             dec, forced, build = _fork_at(sess, settings, k)
         made = dec.n_steps - k if not build else 0
         _add_branch(sess, dec, k, f"regenerated from step {k}")
         sess.selected = k
-        _start(sess, Job("regenerate", f"Regenerating from step {k}", forced=forced,
-                         recorded=len(forced), sample=max(0, n - made), build=build,
-                         params=cur.params, select=k))  # fmt: skip
+        _start(
+            sess,
+            Job(
+                "regenerate",
+                f"Regenerating from step {k}",
+                forced=forced,
+                recorded=len(forced),
+                sample=max(0, n - made),
+                build=build,
+                params=cur.params,
+                select=k,
+            ),
+        )
 
 
 def branch_tokens(sess: SessionData) -> tuple[int, list[int]] | None:
@@ -533,16 +555,26 @@ def start(
                 f"The run has stopped ({sess.decoder.stop_reason}): press Reset to start over."
             )
         labels = {
-            "step": "Step", "run": f"Run {n}", "play": "Playing",
+            "step": "Step",
+            "run": f"Run {n}",
+            "play": "Playing",
             "reproduce": "Reproducing the linked run",
-        }  # fmt: skip
+        }
         label = labels.get(kind, kind)
         if forced:
             label = f"Continuing the example ({len(forced)} recorded tokens first)"
         params = sess.decoder.params if forced else None
-        j = Job(kind, label, forced=forced, recorded=len(forced), sample=n, build=build,
-                params=params or sample_params, takes=dict(takes or {}),
-                sample_params=sample_params)  # fmt: skip
+        j = Job(
+            kind,
+            label,
+            forced=forced,
+            recorded=len(forced),
+            sample=n,
+            build=build,
+            params=params or sample_params,
+            takes=dict(takes or {}),
+            sample_params=sample_params,
+        )
         if kind == "play":  # Play ends at the run's length: a reload during it goes on to there
             j.target = (
                 server.config().cap_steps(settings.max_new_tokens)
@@ -781,8 +813,16 @@ def ghost(
         return g
     target = min(GHOST_TOKENS, max(1, dec.n_steps - at))
     if isinstance(dec, TraceRun) or dec.eviction is not None:
-        g = Ghost(at, params, key, None, target, forced=list(dec.trace.token_ids[:at]),
-                  base=dec.params, settings=settings)  # fmt: skip
+        g = Ghost(
+            at,
+            params,
+            key,
+            None,
+            target,
+            forced=list(dec.trace.token_ids[:at]),
+            base=dec.params,
+            settings=settings,
+        )
     else:
         with exclusive(sess):
             f = dec.fork()

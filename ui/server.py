@@ -150,8 +150,10 @@ def read_config(env: Mapping[str, str] | None = None, file: Path | None = None) 
     Raises ``ConfigError`` (one sentence naming the setting) for a value it cannot use.
     """
     env = os.environ if env is None else env
-    values = {f"SEMVIZ_{k.upper()}": (v, f"{file or CONFIG_FILE}: {k}")
-              for k, v in _file_values(CONFIG_FILE if file is None else file).items()}  # fmt: skip
+    values = {
+        f"SEMVIZ_{k.upper()}": (v, f"{file or CONFIG_FILE}: {k}")
+        for k, v in _file_values(CONFIG_FILE if file is None else file).items()
+    }
     for k, v in env.items():
         if k.startswith("SEMVIZ_"):
             values[k] = (v, k)
@@ -288,8 +290,11 @@ def limit_settings(
         value = getattr(settings, name)
         if cfg.cap_steps(value) != value:
             changes[name] = cfg.cap_steps(value)
-            say(name, f"{name}={value} is above this server's limit of {cfg.max_steps} tokens "
-                f"a run; using {cfg.max_steps}.")  # fmt: skip
+            say(
+                name,
+                f"{name}={value} is above this server's limit of {cfg.max_steps} tokens "
+                f"a run; using {cfg.max_steps}.",
+            )
     return dataclasses.replace(settings, **changes) if changes else settings
 
 

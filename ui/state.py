@@ -72,15 +72,21 @@ class _RunSettings:
     """The controls that are not sampling parameters, and what every ``Settings`` can do."""
 
     model: str = setting(
-        "", "Empty for the offline default; or a local model folder, a .gguf file, or a "
-        "Hugging Face id (needs the hub).", label="Model",
-    )  # fmt: skip
+        "",
+        "Empty for the offline default; or a local model folder, a .gguf file, or a "
+        "Hugging Face id (needs the hub).",
+        label="Model",
+    )
     prompt: str = setting(DEFAULT_PROMPT, "The text the model continues.", label="Prompt")
-    chat: bool = setting(True, "Wrap the prompt in the model's chat template.", label="Chat template")  # fmt: skip
+    chat: bool = setting(
+        True, "Wrap the prompt in the model's chat template.", label="Chat template"
+    )
     preset: str = setting(
-        "custom", "Sets the sliders below to a scenario's parameters.",
-        choices=("custom", *PRESETS), label="Scenario preset",
-    )  # fmt: skip
+        "custom",
+        "Sets the sliders below to a scenario's parameters.",
+        choices=("custom", *PRESETS),
+        label="Scenario preset",
+    )
     kv_policy: str = setting("none", "KV-cache eviction policy.", label="KV policy")
     kv_budget: int = setting(
         256, "Tokens the cache keeps.", lo=8, hi=8192, app=(8, 8192, 8), label="KV budget (tokens)"
@@ -92,9 +98,13 @@ class _RunSettings:
         32, "Tokens one press of Run adds.", lo=1, hi=2048, app=(1, 2048, 1), label="Run N"
     )
     max_new_tokens: int = setting(
-        512, "Most tokens a run generates.", lo=1, hi=8192, app=(1, 8192, 16),
+        512,
+        "Most tokens a run generates.",
+        lo=1,
+        hi=8192,
+        app=(1, 8192, 16),
         label="Max new tokens",
-    )  # fmt: skip
+    )
 
     # -- core parameters -------------------------------------------------------------------
     def prune_params(self) -> PruneParams:
@@ -179,7 +189,9 @@ class _RunSettings:
             if f.name not in qp:
                 continue
             try:
-                value, note = parse_value(f.metadata["spec"], f.name, qp[f.name], clamp=True, app=True)  # fmt: skip
+                value, note = parse_value(
+                    f.metadata["spec"], f.name, qp[f.name], clamp=True, app=True
+                )
             except ValueError as exc:
                 note, value = f"Ignored {exc}.", None
             else:
@@ -192,7 +204,9 @@ class _RunSettings:
 def _param_field(name: str) -> tuple[str, Any, Any]:
     """A ``Settings`` field for ``PruneParams.<name>``: its type, app default and metadata."""
     spec = SPECS[name]
-    default = spec.app_default if spec.default_in_app else PruneParams.__dataclass_fields__[name].default  # fmt: skip
+    default = (
+        spec.app_default if spec.default_in_app else PruneParams.__dataclass_fields__[name].default
+    )
     ptype = PruneParams.__dataclass_fields__[name].type
     return name, ptype, field(default=default, metadata={"spec": spec})
 

@@ -559,9 +559,13 @@ def _card(ctx, i: int, stages: list[str], whatif: bool, res) -> dict:
     ranks = list(range(k)) if len(rows_ids) == k else [*range(k), rec.chosen_rank]
     labels = [style.display_token(t) for t in ctx.labels(rows_ids)]  # whitespace shows
     # a stage that changed nothing at this step (gravity at λ 0, T 1) is left out of the card
-    shown = [name for j, name in enumerate(stages)
-             if j == 0 or name == "final"
-             or not torch.equal(rec.stage_probs[name], rec.stage_probs[stages[j - 1]])]  # fmt: skip
+    shown = [
+        name
+        for j, name in enumerate(stages)
+        if j == 0
+        or name == "final"
+        or not torch.equal(rec.stage_probs[name], rec.stage_probs[stages[j - 1]])
+    ]
     raw = rec.top_probs
     rows = []
     for r, tid, lab in zip(ranks, rows_ids, labels, strict=True):
@@ -591,8 +595,12 @@ def _card(ctx, i: int, stages: list[str], whatif: bool, res) -> dict:
         )
         or "no filter on"
     )
-    return {"head": head, "filters": filters, "rows": rows,
-            "stages": [*shown, "what-if"] if whatif else shown}  # fmt: skip
+    return {
+        "head": head,
+        "filters": filters,
+        "rows": rows,
+        "stages": [*shown, "what-if"] if whatif else shown,
+    }
 
 
 def draw(
@@ -621,9 +629,13 @@ def draw(
             on_branch(int(v["step"]), int(v["id"]))
 
     data = payload(
-        ctx, color_by, ghost=ghost, branchable=branchable and on_branch is not None,
-        layers=layers, heads=heads,
-    )  # fmt: skip
+        ctx,
+        color_by,
+        ghost=ghost,
+        branchable=branchable and on_branch is not None,
+        layers=layers,
+        heads=heads,
+    )
     _component()(key=key, data=data, on_select_change=_sel, on_branch_change=_br)
 
 

@@ -55,9 +55,11 @@ def apply(params: PruneParams | dict, *, label: str, key: str, help: str | None 
         st.session_state["settings"] = s
 
     st.button(
-        label, key=key, on_click=_apply,
+        label,
+        key=key,
+        on_click=_apply,
         help=help or "Sets the sidebar's sliders; nothing runs yet.",
-    )  # fmt: skip
+    )
 
 
 def footer(n: int) -> None:

@@ -42,9 +42,15 @@ def token_strip(
         ctx.sess.selected = None if i >= n - 1 and ctx.sess.job is None else int(i)
 
     strip.draw(
-        ctx, color_by, ghost=ghost, on_select=on_select or _select, on_branch=on_branch, key=key,
-        layers=layers, heads=heads,
-    )  # fmt: skip
+        ctx,
+        color_by,
+        ghost=ghost,
+        on_select=on_select or _select,
+        on_branch=on_branch,
+        key=key,
+        layers=layers,
+        heads=heads,
+    )
 
 
 def filters_disjoint(res) -> bool:

@@ -127,8 +127,11 @@ def _progress_text(s: Slot) -> str:
     p = s.task.progress()
     done = f"{p.done:,} of {p.total:,} {p.unit}" if p.total else f"{p.done:,} {p.unit}"
     eta = p.eta()
-    left = "" if eta is None else (f" · about {eta:.0f} s left" if eta < 120
-                                   else f" · about {eta / 60:.0f} min left")  # fmt: skip
+    left = (
+        ""
+        if eta is None
+        else (f" · about {eta:.0f} s left" if eta < 120 else f" · about {eta / 60:.0f} min left")
+    )
     return f"{s.task.label}: {p.phase} · {done}{left}"
 
 
