@@ -504,7 +504,11 @@ class FreeEnergy(Filter):
         if h.sequential and h.n_src < h.src_full.shape[0]:
             # earlier filters removed tokens from what this one sees: its own entropy, on
             # the same full-length input as free_energy_mask computes it
-            full = h.full(h.src, h.scores) if h.bounded else h.scores_full.masked_fill(~h.alive, NEG_INF)  # fmt: skip
+            full = (
+                h.full(h.src, h.scores)
+                if h.bounded
+                else h.scores_full.masked_fill(~h.alive, NEG_INF)
+            )
             ent = entropy_stats(full.unsqueeze(0))[0]  # (1,)
         else:
             ent = torch.as_tensor(h.entropy).reshape(-1)  # (1,)

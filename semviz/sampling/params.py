@@ -404,159 +404,277 @@ class PruneParams:
     """
 
     temperature: float = setting(
-        1.0, "Divide the scores by T before sampling; 0 is greedy (argmax).", lo=0.0,
-        note="0 means greedy", app=(0.0, 2.0, 0.05), label="Temperature", group=SAMPLING,
+        1.0,
+        "Divide the scores by T before sampling; 0 is greedy (argmax).",
+        lo=0.0,
+        note="0 means greedy",
+        app=(0.0, 2.0, 0.05),
+        label="Temperature",
+        group=SAMPLING,
         app_default=0.8,
-    )  # fmt: skip
+    )
     top_k: int = setting(
-        0, "Keep the k most probable tokens; 0 is off.", lo=0, note="0 means off",
-        app=(0, 200, 1), label="top-k", group=SAMPLING,
-    )  # fmt: skip
+        0,
+        "Keep the k most probable tokens; 0 is off.",
+        lo=0,
+        note="0 means off",
+        app=(0, 200, 1),
+        label="top-k",
+        group=SAMPLING,
+    )
     top_p: float = setting(
-        1.0, "Keep the smallest most-probable set with mass >= p; 1 is off.", **UNIT,
-        lo_open=True, app=(0.01, 1.0, 0.01), label="top-p", group=SAMPLING,
-    )  # fmt: skip
+        1.0,
+        "Keep the smallest most-probable set with mass >= p; 1 is off.",
+        **UNIT,
+        lo_open=True,
+        app=(0.01, 1.0, 0.01),
+        label="top-p",
+        group=SAMPLING,
+    )
     min_p: float = setting(
-        0.0, "Keep tokens with p >= min_p·p_max; 0 is off.", **UNIT, app=(0.0, 1.0, 0.01),
-        label="min-p", group=SAMPLING,
-    )  # fmt: skip
+        0.0,
+        "Keep tokens with p >= min_p·p_max; 0 is off.",
+        **UNIT,
+        app=(0.0, 1.0, 0.01),
+        label="min-p",
+        group=SAMPLING,
+    )
     typical_p: float = setting(
-        1.0, "Locally typical sampling: keep the tokens whose surprise is closest to the "
-        "entropy, up to this mass; 1 is off.", **UNIT, lo_open=True, app=(0.01, 1.0, 0.01),
-        label="typical-p", group=SAMPLING,
-    )  # fmt: skip
+        1.0,
+        "Locally typical sampling: keep the tokens whose surprise is closest to the "
+        "entropy, up to this mass; 1 is off.",
+        **UNIT,
+        lo_open=True,
+        app=(0.01, 1.0, 0.01),
+        label="typical-p",
+        group=SAMPLING,
+    )
     epsilon: float = setting(0.0, "Keep tokens with p >= epsilon; 0 is off.", **UNIT, hi_open=True)
     eta: float = setting(
-        0.0, "Eta sampling: keep tokens with p >= min(eta, sqrt(eta)·exp(-H)); 0 is off.",
-        **UNIT, hi_open=True,
-    )  # fmt: skip
+        0.0,
+        "Eta sampling: keep tokens with p >= min(eta, sqrt(eta)·exp(-H)); 0 is off.",
+        **UNIT,
+        hi_open=True,
+    )
     order: str = setting(
-        "hf", "Where temperature sits: 'hf' divides before the filters, 'llama.cpp' after.",
+        "hf",
+        "Where temperature sits: 'hf' divides before the filters, 'llama.cpp' after.",
         choices=("hf", "llama.cpp"),
-    )  # fmt: skip
+    )
     combine: str = setting(
-        "intersection", "'intersection' keeps what every filter keeps on the same "
+        "intersection",
+        "'intersection' keeps what every filter keeps on the same "
         "distribution; 'sequential' applies them one after another, as HF generate does.",
         choices=("intersection", "sequential"),
-    )  # fmt: skip
+    )
     tie_rule: str = setting(
-        "stable", "'stable' breaks ties by the lower token id; 'hf' reproduces transformers' "
-        "warpers operation for operation.", choices=("stable", "hf"),
-    )  # fmt: skip
+        "stable",
+        "'stable' breaks ties by the lower token id; 'hf' reproduces transformers' "
+        "warpers operation for operation.",
+        choices=("stable", "hf"),
+    )
     min_tokens_to_keep: int = setting(1, "No filter leaves fewer tokens than this.", lo=1)
     # narrative gravity: s = log P + λ·G (semviz.gravity)
     gravity_lambda: float = setting(
-        0.0, "Narrative gravity: s = log P + λ·G; 0 is off. A pull's G is z-scored over the "
-        "vocabulary, a contrast's is in nats.", app=(-2.0, 3.0, 0.05), label="Gravity λ",
-        group=GRAVITY, gravity="use",
-    )  # fmt: skip
+        0.0,
+        "Narrative gravity: s = log P + λ·G; 0 is off. A pull's G is z-scored over the "
+        "vocabulary, a contrast's is in nats.",
+        app=(-2.0, 3.0, 0.05),
+        label="Gravity λ",
+        group=GRAVITY,
+        gravity="use",
+    )
     gravity_kind: str = setting(
-        "contrast", "'contrast' is coherence boosting, G = log P(w|C) - log P(w|last k "
+        "contrast",
+        "'contrast' is coherence boosting, G = log P(w|C) - log P(w|last k "
         "tokens) (a second, short forward per step); 'pull' is the seed's "
-        "G = Σ m_i·sim(w, t_i) towards the context.", choices=KINDS, app=True, label="Kind",
-        group=GRAVITY, gravity="shape",
-    )  # fmt: skip
+        "G = Σ m_i·sim(w, t_i) towards the context.",
+        choices=KINDS,
+        app=True,
+        label="Kind",
+        group=GRAVITY,
+        gravity="shape",
+    )
     gravity_contrast_k: int = setting(
-        8, "Contrast: the short context is the last k tokens.", lo=1, hi=4096,
-        app=(1, 64, 1), label="Short context k", group=GRAVITY,
-        shown_if=("gravity_kind", "contrast"), gravity="shape",
-    )  # fmt: skip
+        8,
+        "Contrast: the short context is the last k tokens.",
+        lo=1,
+        hi=4096,
+        app=(1, 64, 1),
+        label="Short context k",
+        group=GRAVITY,
+        shown_if=("gravity_kind", "contrast"),
+        gravity="shape",
+    )
     gravity_mode: str = setting(
-        "full", "'full' adjusts every token; 'rerank' only the top rerank_k raw candidates.",
-        choices=("full", "rerank"), app=True, label="Mode", group=GRAVITY, gravity="use",
-    )  # fmt: skip
+        "full",
+        "'full' adjusts every token; 'rerank' only the top rerank_k raw candidates.",
+        choices=("full", "rerank"),
+        app=True,
+        label="Mode",
+        group=GRAVITY,
+        gravity="use",
+    )
     rerank_k: int = setting(
         64, "How many raw candidates gravity reranks in rerank mode.", lo=1, gravity="use"
     )
     gravity_mass: str = setting(
-        "info", "Pull: each context token's weight: last-query attention, its EMA, uniform, "
+        "info",
+        "Pull: each context token's weight: last-query attention, its EMA, uniform, "
         "IDF, embedding norm, or 'info' (the token's surprise under the model; stopwords "
-        "and punctuation get none).", choices=MASSES, app=True, label="Mass source",
-        group=GRAVITY, shown_if=("gravity_kind", "pull"), gravity="shape",
-    )  # fmt: skip
+        "and punctuation get none).",
+        choices=MASSES,
+        app=True,
+        label="Mass source",
+        group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+        gravity="shape",
+    )
     gravity_sim: str = setting(
-        "cosine", "Pull: similarity of a candidate to the context.", choices=("cosine", "dot"),
-        app=True, label="Similarity", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+        "cosine",
+        "Pull: similarity of a candidate to the context.",
+        choices=("cosine", "dot"),
+        app=True,
+        label="Similarity",
+        group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
         gravity="shape",
-    )  # fmt: skip
+    )
     gravity_space: str = setting(
-        "embedding", "Pull: the vectors compared: input embeddings, final hidden states, or "
+        "embedding",
+        "Pull: the vectors compared: input embeddings, final hidden states, or "
         "'contextual' (the state each context token was predicted from).",
-        choices=("embedding", "hidden", "contextual"), app=True, label="Space", group=GRAVITY,
-        shown_if=("gravity_kind", "pull"), gravity="shape",
-    )  # fmt: skip
+        choices=("embedding", "hidden", "contextual"),
+        app=True,
+        label="Space",
+        group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+        gravity="shape",
+    )
     gravity_anchor: str = setting(
-        "prompt", "Pull: which tokens may carry mass: the user's prompt, the whole context, "
-        "or the last gravity_window positions.", choices=("prompt", "context", "window"),
-        app=True, label="Anchor", group=GRAVITY, shown_if=("gravity_kind", "pull"),
+        "prompt",
+        "Pull: which tokens may carry mass: the user's prompt, the whole context, "
+        "or the last gravity_window positions.",
+        choices=("prompt", "context", "window"),
+        app=True,
+        label="Anchor",
+        group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
         gravity="shape",
-    )  # fmt: skip
+    )
     gravity_window: int = setting(
-        64, "Pull with anchor 'window': how many recent positions may carry mass.", lo=1,
-        hi=1 << 20, app=(4, 512, 4), label="Window (positions)", group=GRAVITY,
-        shown_if=("gravity_anchor", "window"), gravity="shape",
-    )  # fmt: skip
+        64,
+        "Pull with anchor 'window': how many recent positions may carry mass.",
+        lo=1,
+        hi=1 << 20,
+        app=(4, 512, 4),
+        label="Window (positions)",
+        group=GRAVITY,
+        shown_if=("gravity_anchor", "window"),
+        gravity="shape",
+    )
     gravity_sinks: int = setting(
-        1, "Pull: the first positions (attention sinks) carry no mass.", lo=0, hi=1 << 20,
+        1,
+        "Pull: the first positions (attention sinks) carry no mass.",
+        lo=0,
+        hi=1 << 20,
         gravity="shape",
-    )  # fmt: skip
+    )
     gravity_skip_template: bool = setting(
-        True, "Pull: special and chat-template tokens and the system prompt carry no mass.",
-        app=True, label="No mass on template tokens", group=GRAVITY,
-        shown_if=("gravity_kind", "pull"), gravity="shape",
-    )  # fmt: skip
+        True,
+        "Pull: special and chat-template tokens and the system prompt carry no mass.",
+        app=True,
+        label="No mass on template tokens",
+        group=GRAVITY,
+        shown_if=("gravity_kind", "pull"),
+        gravity="shape",
+    )
     gravity_ngram: int = setting(
-        2, "A token that would repeat an n-gram of the context keeps no positive gravity; "
-        "0 is off.", lo=0, hi=64, note="0 means off", gravity="shape",
-    )  # fmt: skip
+        2,
+        "A token that would repeat an n-gram of the context keeps no positive gravity; 0 is off.",
+        lo=0,
+        hi=64,
+        note="0 means off",
+        gravity="shape",
+    )
     gravity_copy_cos: float = setting(
-        0.65, "Pull: a token whose embedding cosine with a context token is at least this "
-        "keeps no positive gravity; 0 is off.", **UNIT, note="0 means off", gravity="shape",
-    )  # fmt: skip
+        0.65,
+        "Pull: a token whose embedding cosine with a context token is at least this "
+        "keeps no positive gravity; 0 is off.",
+        **UNIT,
+        note="0 means off",
+        gravity="shape",
+    )
     gravity_attract_only: bool = setting(
-        True, "Pull: G = max(z - gravity_floor, 0), so nothing is pushed away.",
+        True,
+        "Pull: G = max(z - gravity_floor, 0), so nothing is pushed away.",
         gravity="shape",
-    )  # fmt: skip
+    )
     gravity_floor: float = setting(
-        1.0, "Pull with attract-only: the z-score above which a token is pulled.", lo=0.0,
-        hi=10.0, gravity="shape",
-    )  # fmt: skip
+        1.0,
+        "Pull with attract-only: the z-score above which a token is pulled.",
+        lo=0.0,
+        hi=10.0,
+        gravity="shape",
+    )
     gravity_layers: tuple[int, ...] | None = setting(
-        None, "Layers whose attention gives the mass (all when unset).", kind="indices",
+        None,
+        "Layers whose attention gives the mass (all when unset).",
+        kind="indices",
         gravity="shape",
-    )  # fmt: skip
+    )
     gravity_heads: tuple[int, ...] | None = setting(
-        None, "Heads whose attention gives the mass (all when unset).", kind="indices",
+        None,
+        "Heads whose attention gives the mass (all when unset).",
+        kind="indices",
         gravity="shape",
-    )  # fmt: skip
+    )
     ema_decay: float = setting(
         0.9, "Decay of the attention EMA (mass 'ema').", **UNIT, hi_open=True, gravity="shape"
     )
     # free-energy criterion: keep w iff U(w) - U_min <= kappa * T * H
     free_energy: bool = setting(
-        False, "Free-energy filter: keep w iff U(w) - U_min <= kappa·T·H.", app=True,
-        label="Free-energy pruning", group=GRAVITY,
-    )  # fmt: skip
+        False,
+        "Free-energy filter: keep w iff U(w) - U_min <= kappa·T·H.",
+        app=True,
+        label="Free-energy pruning",
+        group=GRAVITY,
+    )
     free_energy_kappa: float = setting(
-        1.0, "kappa of the free-energy window.", lo=0.0, app=(0.0, 5.0, 0.1),
-        label="κ (keep U − U_min ≤ κ·T·H)", group=GRAVITY, shown_if=("free_energy", True),
-    )  # fmt: skip
+        1.0,
+        "kappa of the free-energy window.",
+        lo=0.0,
+        app=(0.0, 5.0, 0.1),
+        label="κ (keep U − U_min ≤ κ·T·H)",
+        group=GRAVITY,
+        shown_if=("free_energy", True),
+    )
     # adaptive temperature
     adaptive: str = setting(
-        "none", "Adaptive temperature: a target-entropy controller, EDT, llama.cpp's "
-        "dynatemp, or mirostat v2.", choices=("none", "target", "edt", "dynatemp", "mirostat"),
-        app=True, label="Adaptive temperature", group=SAMPLING,
-    )  # fmt: skip
+        "none",
+        "Adaptive temperature: a target-entropy controller, EDT, llama.cpp's "
+        "dynatemp, or mirostat v2.",
+        choices=("none", "target", "edt", "dynatemp", "mirostat"),
+        app=True,
+        label="Adaptive temperature",
+        group=SAMPLING,
+    )
     target_entropy: float = setting(
-        2.0, "Entropy the 'target' controller steers towards (nats).", lo=0.0, note="nats",
-        app=(0.0, 6.0, 0.1), label="Target entropy (nats)", group=SAMPLING,
+        2.0,
+        "Entropy the 'target' controller steers towards (nats).",
+        lo=0.0,
+        note="nats",
+        app=(0.0, 6.0, 0.1),
+        label="Target entropy (nats)",
+        group=SAMPLING,
         shown_if=("adaptive", "target"),
-    )  # fmt: skip
+    )
     controller_gain: float = setting(0.1, "Gain of the 'target' controller.", lo=0.0)
     controller_sign: int = setting(
-        -1, "-1 cools when the model is unsure (stable long text), +1 heats (exploration).",
+        -1,
+        "-1 cools when the model is unsure (stable long text), +1 heats (exploration).",
         choices=(-1, 1),
-    )  # fmt: skip
+    )
     adaptive_t_min: float = setting(0.05, "Lowest adaptive temperature.", lo=0.0, lo_open=True)
     adaptive_t_max: float = setting(2.0, "Highest adaptive temperature.", lo=0.0, lo_open=True)
     edt_theta: float = setting(1.0, "EDT: T = T0·N^(theta/H).", lo=0.0)
@@ -571,9 +689,12 @@ class PruneParams:
     mirostat_eta: float = setting(0.1, "Mirostat's learning rate.", lo=0.0, lo_open=True)
     # safety fallback
     fallback: bool = setting(
-        False, "Loops or collapse switch the step to plain sampling.", app=True,
-        label="Safety fallback", group=GRAVITY,
-    )  # fmt: skip
+        False,
+        "Loops or collapse switch the step to plain sampling.",
+        app=True,
+        label="Safety fallback",
+        group=GRAVITY,
+    )
     fallback_ngram: int = setting(4, "Fallback: the n of the repeated n-gram.", lo=1)
     fallback_ngram_repeats: int = setting(2, "Fallback: repeats that count as a loop.", lo=1)
     fallback_collapse_steps: int = setting(8, "Fallback: steps of collapsed entropy.", lo=1)
@@ -581,9 +702,11 @@ class PruneParams:
         0.05, "Fallback: entropy (nats) below which a step counts as collapsed.", lo=0.0
     )
     fallback_gravity_ratio: float = setting(
-        2.0, "Fallback: λ·range(G) / range(log P) above which gravity dominates.", lo=0.0,
+        2.0,
+        "Fallback: λ·range(G) / range(log P) above which gravity dominates.",
+        lo=0.0,
         lo_open=True,
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -664,13 +787,20 @@ class _GravityView:
 
 GravityParams = dataclasses.make_dataclass(
     "GravityParams",
-    [(n, PruneParams.__dataclass_fields__[n].type, field(
-        default=PruneParams.__dataclass_fields__[n].default,
-        metadata=PruneParams.__dataclass_fields__[n].metadata,
-    )) for n in GRAVITY_FIELDS],
+    [
+        (
+            n,
+            PruneParams.__dataclass_fields__[n].type,
+            field(
+                default=PruneParams.__dataclass_fields__[n].default,
+                metadata=PruneParams.__dataclass_fields__[n].metadata,
+            ),
+        )
+        for n in GRAVITY_FIELDS
+    ],
     bases=(_GravityView,),
     frozen=True,
-)  # fmt: skip
+)
 GravityParams.__module__ = __name__
 GravityParams.__doc__ = """The ``PruneParams`` fields that shape gravity's ``G``, and no other
 (``PruneParams.gravity_params``). Gravity kinds and mass sources are handed one, so a field
@@ -686,7 +816,10 @@ def check_model_shape(params: PruneParams, *, n_layers: int, n_heads: int) -> No
     ...
     ValueError: PruneParams.gravity_layers=(3, 30): the model has 30 layers, so indices must be in 0..29
     """
-    for name, n, what in (("gravity_layers", n_layers, "layers"), ("gravity_heads", n_heads, "heads")):  # fmt: skip
+    for name, n, what in (
+        ("gravity_layers", n_layers, "layers"),
+        ("gravity_heads", n_heads, "heads"),
+    ):
         v = getattr(params, name)
         if v is not None and max(v) >= n:
             raise ValueError(

@@ -137,11 +137,14 @@ class Tail:
         lower, upper = edges(d)
         g_lo, g_hi = d.get("g_lo"), d.get("g_hi")
         return cls(
-            a=lower, c=upper, n=d["counts"].double(), lse=d["lse"].double(),
+            a=lower,
+            c=upper,
+            n=d["counts"].double(),
+            lse=d["lse"].double(),
             dead=int(d.get("dead", 0)),
             g_lo=None if g_lo is None else g_lo.double(),
             g_hi=None if g_hi is None else g_hi.double(),
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_lse(cls, top: float, lse: float, count: int) -> Tail:
@@ -151,8 +154,9 @@ class Tail:
         return cls(
             a=torch.tensor([top - 1e4], dtype=torch.float64),
             c=torch.tensor([top], dtype=torch.float64),
-            n=n, lse=torch.tensor([lse], dtype=torch.float64),
-        )  # fmt: skip
+            n=n,
+            lse=torch.tensor([lse], dtype=torch.float64),
+        )
 
     @property
     def count(self) -> int:
@@ -317,8 +321,9 @@ class _Space:
             w, blo, bhi = self.weights(beta)
             ws = w[self.finite].flip(0)  # ascending scores
             cw = torch.cat([ws.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.float64)])
-            edge, order, vals = (self.c, self._c_order, bhi) if upper else (
-                self.a, self._a_order, blo)  # fmt: skip
+            edge, order, vals = (
+                (self.c, self._c_order, bhi) if upper else (self.a, self._a_order, blo)
+            )
             e = edge[order]  # ascending
             tail = torch.cat(
                 [vals[order].flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=torch.float64)]
@@ -390,8 +395,9 @@ def _entropy(sp: _Space, th: tuple[float, float], beta: float) -> tuple[float, f
     for sel, optional in ((full, False), (part, True)):
         if not bool(sel.any()):
             continue
-        corners = torch.stack([blo[sel] * ba[sel], blo[sel] * bc[sel], bhi[sel] * ba[sel],
-                               bhi[sel] * bc[sel]])  # fmt: skip
+        corners = torch.stack(
+            [blo[sel] * ba[sel], blo[sel] * bc[sel], bhi[sel] * ba[sel], bhi[sel] * bc[sel]]
+        )
         lo_t, hi_t = corners.min(0).values, corners.max(0).values
         if optional:  # a bin that may be partly or wholly out
             lo_t, hi_t = lo_t.clamp(max=0), hi_t.clamp(min=0)
@@ -566,8 +572,20 @@ def decide(
     Decision, with ``index`` None when the record cannot decide.
     """
     try:
-        return _decide(cand_ids, cand_logits, tail, params, temperature, greedy, u, entropy,
-                       gravity, gravity_recorded, mirostat_mu, token_rank)  # fmt: skip
+        return _decide(
+            cand_ids,
+            cand_logits,
+            tail,
+            params,
+            temperature,
+            greedy,
+            u,
+            entropy,
+            gravity,
+            gravity_recorded,
+            mirostat_mu,
+            token_rank,
+        )
     except _Unknown as why:
         return Decision(index=None, why=str(why), tail_share=why.share, q_exact=False)
 
