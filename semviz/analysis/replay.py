@@ -300,8 +300,9 @@ def _recorded_params(trace: Trace) -> PruneParams | None:
 
 def _tail_count(rec, vocab: int | None) -> int:
     """Finite tokens outside the record (dynatemp counts them as the live run did)."""
-    if isinstance(rec.tail, dict):
-        return int(rec.tail["counts"].sum())
+    tail = rec.tail_summary()
+    if isinstance(tail, dict):
+        return int(tail["counts"].sum())
     if isinstance(vocab, int) and vocab > rec.cand_ids.numel():
         return vocab - rec.cand_ids.numel()
     return 0
@@ -310,7 +311,7 @@ def _tail_count(rec, vocab: int | None) -> int:
 def _decide(rec, res: PruneResult, params: PruneParams, g, g_recorded: bool, mu, vocab):
     """The record's decision for one step (:func:`semviz.sampling.tail.decide`)."""
     eff = sampling.default_params(params) if res.fallback else params
-    tail = rec.tail
+    tail = rec.tail_summary()
     if tail is None and rec.tail_lse is not None and isinstance(vocab, int):
         # a record from before tail summaries: one bin below the last candidate
         n = vocab - rec.cand_ids.numel()

@@ -552,11 +552,16 @@ class Decoder:
         rest = logits[outside]  # (V - K',) the unrecorded tail
         tail_lse = float(torch.logsumexp(rest, 0)) if rest.numel() else float("-inf")
         # the tail, summarised so that replay can bound it at any temperature; full-mode
-        # gravity moves it too, so its range of G per bin comes along
+        # gravity moves it too, so its range of G per bin comes along. Every raw logit, when
+        # recorded, gives the summary on demand (StepRecord.tail_summary), but not the G.
         g_tail = (
             gravity[outside] if gravity is not None and self.params.gravity_mode == "full" else None
         )
-        tail = summarize_tail(rest, g_tail)
+        tail = (
+            summarize_tail(rest, g_tail)
+            if g_tail is not None or not self.settings.full_logits
+            else None
+        )
         hit = (cand == token).nonzero()
         stage_probs = {
             name: probs[cand].to(torch.float16).cpu() for name, probs in result.index_probs.items()

@@ -642,7 +642,9 @@ class StepRecord:
     t_semviz: float  # seconds in semviz's own work for this step
     gravity: torch.Tensor | None = None  # (K,) float32 normalised G over the candidates
     final_tail_mass: float = 0.0  # final-distribution mass outside cand_ids
-    tail: dict | None = None  # the logits outside cand_ids, binned (semviz.sampling.tail)
+    # the logits outside cand_ids, binned (semviz.sampling.tail); None where full_logits hold
+    # them (see tail_summary) and no full-mode gravity ran
+    tail: dict | None = None
     full_logits: torch.Tensor | None = None  # (V,) float32 every raw logit, when recorded
     token_hex: str | None = None  # the token's bytes in hex, when they are not UTF-8 alone
     fallback: str | None = None
@@ -670,6 +672,21 @@ class StepRecord:
         if self.chosen_rank < 0:
             return float("nan")
         return math.exp(float(self.cand_logits[self.chosen_rank]) - self.lse)
+
+    def tail_summary(self) -> dict | None:
+        """The tail's binned summary (``semviz.sampling.tail.summarize``): as recorded, or
+        made from ``full_logits`` on first use and kept (not a field: the record stays as it
+        was read or made). None when the record holds neither."""
+        if self.tail is not None or self.full_logits is None:
+            return self.tail
+        made = self.__dict__.get("_tail_made")
+        if made is None:
+            from semviz.sampling.tail import summarize
+
+            outside = torch.ones(self.full_logits.numel(), dtype=torch.bool)  # (V,)
+            outside[self.cand_ids.long()] = False
+            made = self.__dict__["_tail_made"] = summarize(self.full_logits[outside])
+        return made
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StepRecord):

@@ -34,6 +34,28 @@ def test_json_round_trip_gives_equal_records(trace, tmp_path):
     assert json.loads(path.read_text())["version"] == FORMAT_VERSION
 
 
+def test_a_record_with_every_raw_logit_makes_its_tail_summary_on_demand(tiny_lm, trace, tmp_path):
+    # the summary follows from the full logits, so a step records it only where it cannot
+    # be made later: without them, or with full-mode gravity (its G over the tail)
+    p = PruneParams(temperature=0.9, top_p=0.95)
+    runs = {}
+    for full in (True, False):
+        s = DecodeSettings(max_new_tokens=6, seed=4, full_logits=full)
+        runs[full] = Decoder(tiny_lm, "A quiet harbour at dawn", p, s)
+        runs[full].run(6)
+    lazy, eager = runs[True].trace, runs[False].trace
+    back = Trace.load(lazy.save(tmp_path / "t.json"))
+    for a, b, c in zip(lazy.steps, eager.steps, back.steps, strict=True):
+        assert a.token_id == b.token_id and a.full_logits is not None and b.full_logits is None
+        assert a.tail is None and b.tail is not None and b.tail_summary() is b.tail
+        for made in (a.tail_summary(), c.tail_summary()):
+            assert made.keys() == b.tail.keys()
+            for k, v in b.tail.items():
+                assert torch.equal(made[k], v) if isinstance(v, torch.Tensor) else made[k] == v
+    assert back == lazy  # the summary made on demand is not a field of the record
+    assert all(r.full_logits is not None and "g_lo" in r.tail for r in trace.steps)
+
+
 def test_records_differ_when_a_value_differs(trace):
     other = Trace.from_json(trace.to_json())
     other.steps[2].cand_logits[0] += 1e-3
