@@ -252,7 +252,7 @@ def replay_steps(
         res = sampling.prune(
             rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse,
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
-            tail_count=_tail_count(rec, vocab),
+            tail_count=_tail_count(rec, vocab) if params.adaptive == "dynatemp" else 0,
         )  # fmt: skip
         token = None
         if recorded:  # the recorded settings: the recorded pick is the live one
@@ -300,9 +300,11 @@ def _recorded_params(trace: Trace) -> PruneParams | None:
 
 def _tail_count(rec, vocab: int | None) -> int:
     """Finite tokens outside the record (dynatemp counts them as the live run did)."""
-    tail = rec.tail_summary()
-    if isinstance(tail, dict):
-        return int(tail["counts"].sum())
+    if rec.tail is None and rec.full_logits is not None:  # counted, not binned
+        finite = int(torch.count_nonzero(rec.full_logits > float("-inf")))
+        return finite - int(torch.count_nonzero(rec.cand_logits > float("-inf")))
+    if isinstance(rec.tail, dict):
+        return int(rec.tail["counts"].sum())
     if isinstance(vocab, int) and vocab > rec.cand_ids.numel():
         return vocab - rec.cand_ids.numel()
     return 0
@@ -345,7 +347,10 @@ def _full_pick(rec, params: PruneParams, g, state: sampling.SamplerState) -> int
             gravity = torch.full_like(full, float(g[0]))
         else:  # only the rerank set, inside the candidates, reads G
             gravity = torch.zeros_like(full).index_copy_(0, rec.cand_ids.long(), g)
-    res = sampling.prune(full, params, gravity=gravity, state=state)
+    # the recorded raw entropy and varentropy are the live run's, from these same logits
+    res = sampling.prune(
+        full, params, gravity=gravity, state=state, raw_moments=(rec.entropy, rec.varentropy)
+    )
     return int(sampling.choose(res, rec.u, state=sampling.SamplerState()))
 
 

@@ -131,10 +131,7 @@ def prune(
     (True, 1, 1)
     """
     x = _check_logits(logits)  # (K,)
-    w = _raw(x, tail_logsumexp)
-    if raw_moments is not None:
-        w.h_raw, w.v_raw = (torch.tensor(float(m)) for m in raw_moments)
-        w.h_known = True
+    w = _raw(x, tail_logsumexp, raw_moments)
     g = _check_gravity(gravity, x)
     dominance = None
     if g is not None and params.gravity_lambda != 0.0:
@@ -163,7 +160,8 @@ def prune(
         h_sampled, f, n_kept = 0.0, float(-w.s[arg]), 1
     else:
         kept, p_temp, t, mu = _sample_chain(w, eff, t, state)
-        final, arg, h_sampled, f, n_kept = _final(w.s, t, kept)
+        final, arg, h_sampled, f, support = _final(w.s, t, kept)
+        n_kept = support[0].numel()
     return PruneResult(
         index_probs={"raw": w.p_raw, "gravity": w.p_grav, "temperature": p_temp, "final": final},
         kept=kept, waterfall=w.waterfall, entropy_raw=float(w.h_raw),
@@ -172,13 +170,16 @@ def prune(
         gravity=g if eff.gravity_lambda != 0.0 else None, greedy=greedy, scores=w.s,
         argmax=arg, params=eff, tail_mass=w.tail_mass, gravity_dominance=dominance,
         mirostat_mu=mu, mirostat_tau=eff.mirostat_tau, mirostat_eta=eff.mirostat_eta,
-        state=state,
+        state=state, _support=None if greedy else support,
     )  # fmt: skip
 
 
-def _final(s: Tensor, t: float, kept: Tensor) -> tuple[Tensor, int, float, float, int]:
+def _final(
+    s: Tensor, t: float, kept: Tensor
+) -> tuple[Tensor, int, float, float, tuple[Tensor, Tensor]]:
     """The distribution sampled from, softmax(s/T) over ``kept`` (K,), its argmax (lowest
-    index on ties), entropy and free energy, and the kept count."""
+    index on ties), entropy and free energy, and its support: the kept indices (n,)
+    ascending and their probabilities (n,), which the pick reads instead of the (K,)."""
     kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
     if kept_idx.numel() == s.shape[0]:
         v = s / t  # (K,)
@@ -193,29 +194,40 @@ def _final(s: Tensor, t: float, kept: Tensor) -> tuple[Tensor, int, float, float
     arg = int(kept_idx[q.max(0).indices])  # first maximal index
     h = float(entropy_stats(torch.log(q))[0])  # over the kept: often few
     f = float(-t * torch.logsumexp(v, -1))
-    return final, arg, h, f, kept_idx.numel()
+    return final, arg, h, f, (kept_idx, q)
 
 
-def _raw(x: Tensor, tail_logsumexp: float | Tensor | None) -> _Work:
-    """Raw probabilities, log-probabilities and entropy moments: one log-softmax."""
+def _raw(
+    x: Tensor, tail_logsumexp: float | Tensor | None, moments: tuple[float, float] | None
+) -> _Work:
+    """Raw probabilities, log-probabilities and entropy moments: one log-softmax. The
+    moments are computed only when the caller does not know them (``moments``)."""
     K = x.shape[0]
     waterfall: list[Stage] = []
     finite = x > NEG_INF  # (K,)
     n_alive = int(torch.count_nonzero(finite))
     if tail_logsumexp is None:
-        h_raw, v_raw, logp_raw, p_raw = entropy_parts(x)  # (K,) each
+        src = x
         tail_mass = 0.0
     else:
         tail = torch.as_tensor(tail_logsumexp, dtype=torch.float32).reshape(())
-        ext = torch.cat([x, tail.view(1)])  # (K+1,) tail lumped as one outcome
-        h_raw, v_raw, _, p_ext = entropy_parts(ext)
-        p_raw = p_ext[:K]  # (K,) exact
+        src = torch.cat([x, tail.view(1)])  # (K+1,) tail lumped as one outcome
+    if moments is None:
+        h_raw, v_raw, logp, p = entropy_parts(src)
+    else:  # the same log-softmax and exp as entropy_parts, without the moments' passes
+        logp = torch.log_softmax(src, -1)
+        p = logp.exp()
+        h_raw, v_raw = (torch.tensor(float(m)) for m in moments)
+    if tail_logsumexp is None:
+        logp_raw, p_raw = logp, p  # (K,) each
+    else:
+        p_raw = p[:K]  # (K,) exact
         tail_mass = float(1.0 - p_raw.sum().clamp(max=1.0))
         waterfall.append(Stage("candidates", n_alive, tail_mass))
         logp_raw = None
     return _Work(
         x=x, waterfall=waterfall, alive=finite, n_alive=n_alive, p_raw=p_raw, h_raw=h_raw,
-        v_raw=v_raw, logp_raw=logp_raw, tail_mass=tail_mass,
+        v_raw=v_raw, logp_raw=logp_raw, tail_mass=tail_mass, h_known=moments is not None,
     )  # fmt: skip
 
 
@@ -555,7 +567,7 @@ def choose(
     if result.greedy:
         idx = result.argmax
     else:
-        idx = _inverse_cdf(result.index_probs["final"], u)
+        idx = _inverse_cdf(result.index_probs["final"], u, result._support)
     st = state if state is not None else result.state
     if st is not None and not result._observed:
         st.observe(result, idx, token_id)
@@ -563,20 +575,26 @@ def choose(
     return idx
 
 
-def _inverse_cdf(probs: Tensor, u: float) -> int:
+def _inverse_cdf(probs: Tensor, u: float, support: tuple[Tensor, Tensor] | None = None) -> int:
     """Index at CDF position ``u·total`` of ``probs`` (K,) in stable descending order.
 
     Only the tokens that can be picked (probability > 0) are read, in index order, and only
     the head of their order that the CDF crosses is sorted (grown 8× until it holds
     ``u·total``): a final distribution over the vocabulary costs one pass to find its kept
-    tokens, then work on those alone. The total is summed over them in index order, so the
+    tokens (none when ``support``, the kept indices ascending and their probabilities, is
+    known), then work on those alone. The total is summed over them in index order, so the
     pick depends neither on the head's length nor on how many zeros surround them.
     """
-    p = probs.double()  # (K,)
-    live = torch.nonzero(p > 0).flatten()  # (n,) ascending: the tokens that can be picked
+    if support is not None:
+        idx, q = support  # (n,) each: probs[idx] == q, and probs is 0 elsewhere
+        pos = q > 0
+        live, p = idx[pos], q[pos].double()  # (n',) each
+    else:
+        d = probs.double()  # (K,)
+        live = torch.nonzero(d > 0).flatten()  # (n,) ascending: the tokens that can be picked
+        p = d[live]  # (n,)
     if live.numel() == 0:
-        return int(p.max(0).indices)
-    p = p[live]  # (n,)
+        return int(probs.max(0).indices)
     n = live.numel()
     target = torch.tensor([u * float(p.sum())], dtype=torch.float64, device=p.device)
     k = min(256, n)

@@ -115,6 +115,8 @@ class PruneResult:
     mirostat_eta: float = 0.1
     state: SamplerState | None = None
     _observed: bool = False
+    # the kept indices (n,) ascending and their final probabilities (n,), for the pick
+    _support: tuple[Tensor, Tensor] | None = None
 
     @property
     def entropy_raw_bits(self) -> float:

@@ -218,3 +218,29 @@ def test_the_final_distribution_and_pick_do_not_depend_on_the_tokens_around_the_
         assert choose(whole, u, state=SamplerState()) == int(
             sub[choose(part, u, state=SamplerState())]
         )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        PruneParams(temperature=0.7, top_k=40),
+        PruneParams(temperature=1.3),  # everything kept
+        PruneParams(temperature=0.05, top_k=3000),  # kept tokens whose probability is 0
+    ],
+)
+def test_the_pick_from_the_kept_support_equals_the_pick_from_the_whole_distribution(params):
+    """``choose`` reads the kept indices and probabilities that ``prune`` found instead of
+    scanning the (K,) final distribution: the same token for every draw, including where a
+    kept token's probability underflows to 0 and cannot be picked."""
+    from semviz.sampling.chain import _inverse_cdf
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5000, generator=g) * 8  # (V,)
+    res = prune(x, params)
+    final = res.index_probs["final"]
+    idx, q = res._support
+    assert torch.equal(idx, torch.nonzero(res.kept).flatten()) and torch.equal(final[idx], q)
+    if params.top_k == 3000:
+        assert bool((q == 0).any())  # the case the support must drop
+    for u in [*torch.rand(300, generator=g).tolist(), 0.0, 1.0 - 1e-12]:
+        assert _inverse_cdf(final, u, res._support) == _inverse_cdf(final, u)

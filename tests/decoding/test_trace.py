@@ -43,11 +43,14 @@ def test_a_record_with_every_raw_logit_makes_its_tail_summary_on_demand(tiny_lm,
         s = DecodeSettings(max_new_tokens=6, seed=4, full_logits=full)
         runs[full] = Decoder(tiny_lm, "A quiet harbour at dawn", p, s)
         runs[full].run(6)
+    from semviz.analysis.replay import _tail_count
+
     lazy, eager = runs[True].trace, runs[False].trace
     back = Trace.load(lazy.save(tmp_path / "t.json"))
     for a, b, c in zip(lazy.steps, eager.steps, back.steps, strict=True):
         assert a.token_id == b.token_id and a.full_logits is not None and b.full_logits is None
         assert a.tail is None and b.tail is not None and b.tail_summary() is b.tail
+        assert _tail_count(a, None) == _tail_count(b, None) == int(b.tail["counts"].sum()) > 0
         for made in (a.tail_summary(), c.tail_summary()):
             assert made.keys() == b.tail.keys()
             for k, v in b.tail.items():
