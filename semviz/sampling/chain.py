@@ -180,8 +180,11 @@ def _final(
     """The distribution sampled from, softmax(s/T) over ``kept`` (K,), its argmax (lowest
     index on ties), entropy and free energy, and its support: the kept indices (n,)
     ascending and their probabilities (n,), which the pick reads instead of the (K,)."""
-    kept_idx = torch.nonzero(kept).flatten()  # (n,) ascending
-    if kept_idx.numel() == s.shape[0]:
+    every = bool(kept.all())
+    kept_idx = (
+        torch.arange(kept.shape[0], device=kept.device) if every else torch.nonzero(kept).flatten()
+    )  # (n,)
+    if every:
         v = s / t  # (K,)
         final = q = torch.softmax(v, -1)  # (K,)
     else:
@@ -579,16 +582,20 @@ def _inverse_cdf(probs: Tensor, u: float, support: tuple[Tensor, Tensor] | None 
     """Index at CDF position ``u·total`` of ``probs`` (K,) in stable descending order.
 
     Only the tokens that can be picked (probability > 0) are read, in index order, and only
-    the head of their order that the CDF crosses is sorted (grown 8× until it holds
-    ``u·total``): a final distribution over the vocabulary costs one pass to find its kept
-    tokens (none when ``support``, the kept indices ascending and their probabilities, is
-    known), then work on those alone. The total is summed over them in index order, so the
-    pick depends neither on the head's length nor on how many zeros surround them.
+    the head of their order that the CDF crosses is sorted: the first 256 tokens, where most
+    draws land, and else every token at or above a threshold whose mass holds ``u·total``
+    (:func:`_mass_head`). A final distribution over the vocabulary costs one pass to find its
+    kept tokens (none when ``support``, the kept indices ascending and their probabilities,
+    is known), then work on those alone. The total is summed over them in index order, and
+    each head is a prefix of the one stable order, so the pick depends neither on the head's
+    length nor on how many zeros surround them.
     """
     if support is not None:
-        idx, q = support  # (n,) each: probs[idx] == q, and probs is 0 elsewhere
-        pos = q > 0
-        live, p = idx[pos], q[pos].double()  # (n',) each
+        live, q = support  # (n,) each: probs[live] == q, and probs is 0 elsewhere
+        pos = q > 0  # (n,)
+        if not bool(pos.all()):  # a kept token whose probability underflowed
+            live, q = live[pos], q[pos]  # (n',) each
+        p = q.double()
     else:
         d = probs.double()  # (K,)
         live = torch.nonzero(d > 0).flatten()  # (n,) ascending: the tokens that can be picked
@@ -597,11 +604,30 @@ def _inverse_cdf(probs: Tensor, u: float, support: tuple[Tensor, Tensor] | None 
         return int(probs.max(0).indices)
     n = live.numel()
     target = torch.tensor([u * float(p.sum())], dtype=torch.float64, device=p.device)
-    k = min(256, n)
-    while True:
-        head = stable_head(p, k) if k < n else stable_head(p, n)[:n]  # (k',)
-        cdf = p[head].cumsum(0)  # (k',)
+    head = stable_head(p, 256)  # (h,) a prefix of p's stable descending order
+    for wider in ("mass", "all", None):
+        cdf = p[head].cumsum(0)  # (h,)
         pos = int(torch.searchsorted(cdf, target, right=True))
-        if pos < cdf.numel() or k >= n:
-            return int(live[head[min(pos, n - 1, head.numel() - 1)]])
-        k = min(8 * k, n)
+        if pos < head.numel() or head.numel() >= n or wider is None:
+            return int(live[head[min(pos, head.numel() - 1)]])
+        # the draw lands beyond this head: the tokens whose mass holds it, or (rounding
+        # left the target just outside those) the whole order
+        head = _mass_head(p, float(target)) if wider == "mass" else stable_head(p, n)
+
+
+def _mass_head(p: Tensor, target: float) -> Tensor:
+    """Every index of ``p`` (n,) float64 > 0 at or above a threshold, in stable descending
+    order, where the tokens above the threshold hold at least ``target`` of mass.
+
+    The threshold comes from a histogram of mass over eighths of an octave of ``p`` (one
+    pass), so the head holds the tokens the CDF needs and at most one bin more; it is the
+    smallest value in the bins that reach the target, and every token at or above it is in
+    the head, ties included, so the head is a prefix of the stable order."""
+    b = (torch.log2(p) * -8.0).floor()  # (n,) larger probabilities, lower bins
+    b = (b - b.min()).long()
+    mass = torch.zeros(int(b.max()) + 1, dtype=p.dtype, device=p.device).index_add_(0, b, p)
+    at = torch.tensor([target], dtype=p.dtype, device=p.device)
+    j = int(torch.searchsorted(mass.cumsum(0), at))  # the first bin where the mass reaches it
+    tau = p[b <= j].min()  # the smallest value in the bins that reach the target
+    idx = torch.nonzero(p >= tau).flatten()  # (h,) ascending index order
+    return idx[torch.sort(p[idx], descending=True, stable=True).indices]

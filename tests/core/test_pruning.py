@@ -244,3 +244,40 @@ def test_the_pick_from_the_kept_support_equals_the_pick_from_the_whole_distribut
         assert bool((q == 0).any())  # the case the support must drop
     for u in [*torch.rand(300, generator=g).tolist(), 0.0, 1.0 - 1e-12]:
         assert _inverse_cdf(final, u, res._support) == _inverse_cdf(final, u)
+
+
+def _pick_by_definition(probs: torch.Tensor, u: float) -> int:
+    """The inverse CDF over the whole stable descending order of the tokens with p > 0."""
+    p = probs.double()
+    live = torch.nonzero(p > 0).flatten()
+    q = p[live]
+    order = torch.sort(q, descending=True, stable=True).indices
+    cdf = q[order].cumsum(0)
+    target = torch.tensor([u * float(q.sum())], dtype=torch.float64)
+    pos = int(torch.searchsorted(cdf, target, right=True))
+    return int(live[order[min(pos, order.numel() - 1)]])
+
+
+@pytest.mark.parametrize("shape", ["flat", "peaked", "ties", "small"])
+def test_the_pick_equals_the_inverse_cdf_over_the_whole_stable_order(shape, monkeypatch):
+    """``choose`` sorts only the head of the order that the draw needs (the first 256
+    tokens, else the tokens above a mass threshold): the same index as the definition, for
+    draws deep in the tail too, where that threshold decides, and without falling back to
+    sorting the whole vocabulary."""
+    from semviz.sampling import chain
+    from semviz.sampling.chain import _inverse_cdf
+
+    sizes = []
+    head = chain.stable_head
+    monkeypatch.setattr(chain, "stable_head", lambda x, k: sizes.append(k) or head(x, k))
+
+    g = torch.Generator().manual_seed(7)
+    n = {"small": 40}.get(shape, 49152)
+    x = torch.randn(n, generator=g) * {"flat": 1.0, "peaked": 6.0}.get(shape, 2.0)
+    if shape == "ties":
+        x = (x * 2).round() / 2  # many equal probabilities: ties go to the lower index
+    probs = torch.softmax(x, -1)
+    us = [*torch.rand(150, generator=g).tolist(), 0.0, 0.5, 0.999, 0.999999, 1.0 - 1e-12]
+    for u in us:
+        assert _inverse_cdf(probs, u) == _pick_by_definition(probs, u), u
+    assert set(sizes) == {256}  # the threshold's head held every draw beyond the first 256
