@@ -9,7 +9,7 @@ and beside it, move by move, the same re-render of a record without every raw lo
 then bounds each pick from the tail summary), as a ratio.
 
     python benchmarks/bench_whatif.py [--model DIR] [--steps 128] [--moves 15]
-                                      [--gravity-lambda 0.3] [--json]
+                                      [--gravity-lambda 0.3] [--temperature-only] [--json]
 """
 
 from __future__ import annotations
@@ -67,11 +67,17 @@ def main() -> int:
         default=0.3,
         help="the run's gravity (default 0.3, full mode; 0: the app's default, off)",
     )
+    ap.add_argument(
+        "--temperature-only",
+        action="store_true",
+        help="move the temperature alone, with no filter (the app's default sliders)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
     lm = semviz.load_model(a.model)
-    base = PruneParams(temperature=0.8, top_p=0.95, gravity_lambda=a.gravity_lambda)
+    top_p = 1.0 if a.temperature_only else 0.95
+    base = PruneParams(temperature=0.8, top_p=top_p, gravity_lambda=a.gravity_lambda)
     dec = Decoder(
         lm,
         "Tell me a short story about a lighthouse keeper.",
@@ -89,7 +95,9 @@ def main() -> int:
     full = [rec.full_logits for rec in trace.steps]
     moves, summary_only = [], []
     for k in range(a.moves):  # temperature and top-p sliders, as a user drags them
-        p = base.replace(temperature=0.3 + 0.07 * k, top_p=0.99 - 0.02 * k)
+        p = base.replace(temperature=0.3 + 0.07 * k)
+        if not a.temperature_only:
+            p = p.replace(top_p=0.99 - 0.02 * k)
         moves.append(render(lm, trace, p))
         # side by side: the same move on a record without every raw logit (tail summary only)
         for rec in trace.steps:
