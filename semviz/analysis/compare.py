@@ -413,9 +413,11 @@ def kept_axis(counts: Sequence[int]) -> dict:
     if top > 50:
         decades = math.ceil(math.log10(top))
         return {
-            "type": "log", "range": [-0.1, math.log10(top) + 0.15],
-            "tickvals": [10**d for d in range(decades + 1)], "tickformat": ",d",
-        }  # fmt: skip
+            "type": "log",
+            "range": [-0.1, math.log10(top) + 0.15],
+            "tickvals": [10**d for d in range(decades + 1)],
+            "tickformat": ",d",
+        }
     axis = {"type": "linear", "rangemode": "tozero", "tickformat": ",d"}
     if top <= 10:
         axis["dtick"] = 1  # no 0.5 ticks between whole tokens
@@ -427,37 +429,66 @@ def comparison_figure(cmp: Comparison):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(
-        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
         subplot_titles=["raw entropy H, nats", "kept-set size"],
-    )  # fmt: skip
+    )
     for i, (side, tr) in enumerate(zip(cmp.sides, cmp.traces, strict=True)):
         color = SIDE_COLORS[i % len(SIDE_COLORS)]
         x = [s.index for s in tr.steps]
         toks = [[s.token_text] for s in tr.steps]
         fig.add_scatter(
-            x=x, y=[s.entropy for s in tr.steps], mode="lines+markers", marker={"size": 4},
-            name=side.label, legendgroup=side.label, line={"color": color}, customdata=toks,
-            hovertemplate="step %{x} %{customdata[0]!r}<br>H=%{y:.3f}<extra>" + side.label + "</extra>",
-            row=1, col=1,
-        )  # fmt: skip
+            x=x,
+            y=[s.entropy for s in tr.steps],
+            mode="lines+markers",
+            marker={"size": 4},
+            name=side.label,
+            legendgroup=side.label,
+            line={"color": color},
+            customdata=toks,
+            hovertemplate="step %{x} %{customdata[0]!r}<br>H=%{y:.3f}<extra>"
+            + side.label
+            + "</extra>",
+            row=1,
+            col=1,
+        )
         fig.add_scatter(
-            x=x, y=[s.n_kept for s in tr.steps], mode="lines", line={"color": color, "shape": "hv"},
-            name=side.label, legendgroup=side.label, showlegend=False, customdata=toks,
-            hovertemplate="step %{x} %{customdata[0]!r}<br>kept %{y:,}<extra>" + side.label + "</extra>",
-            row=2, col=1,
-        )  # fmt: skip
+            x=x,
+            y=[s.n_kept for s in tr.steps],
+            mode="lines",
+            line={"color": color, "shape": "hv"},
+            name=side.label,
+            legendgroup=side.label,
+            showlegend=False,
+            customdata=toks,
+            hovertemplate="step %{x} %{customdata[0]!r}<br>kept %{y:,}<extra>"
+            + side.label
+            + "</extra>",
+            row=2,
+            col=1,
+        )
     fd = cmp.first_divergence() if len(cmp.traces) >= 2 else None
     if fd is not None:
         for r in (1, 2):
             fig.add_vline(x=fd, line={"color": WHATIF, "width": 2}, row=r, col=1)
         fig.add_annotation(
-            x=fd, y=1.0, xref="x", yref="paper", text=f"first divergence: step {fd}",
-            showarrow=False, xanchor="left", yanchor="bottom", font={"color": WHATIF},
-        )  # fmt: skip
+            x=fd,
+            y=1.0,
+            xref="x",
+            yref="paper",
+            text=f"first divergence: step {fd}",
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            font={"color": WHATIF},
+        )
     fig.update_yaxes(kept_axis([s.n_kept for tr in cmp.traces for s in tr.steps]), row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)
     fig.update_layout(
-        height=480, margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        height=480,
+        margin={"l": 50, "r": 20, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.15, "x": 0.0},
-    )  # fmt: skip
+    )
     return fig

@@ -509,10 +509,12 @@ def _parts(model, rec: StepRecord) -> tuple[Tensor, Tensor, Tensor, _Norm]:
     rows = _rows(rec)  # (L+1, d)
     block = rows[1:] - rows[:-1]  # (L, d)
     blocks = decoder_layers(model)
-    attn = torch.stack([
-        _attn_out(_attention_path(model, i, blocks), rec.head_out[i])[2]
-        for i in range(block.shape[0])
-    ])  # fmt: skip
+    attn = torch.stack(
+        [
+            _attn_out(_attention_path(model, i, blocks), rec.head_out[i])[2]
+            for i in range(block.shape[0])
+        ]
+    )
     frozen = _freeze(_final_norm(model), rows[-1], "final norm")
     out = (rows[0], attn, block - attn, frozen)
     _cache.put(model, rec, "parts", out)

@@ -250,10 +250,14 @@ def replay_steps(
         g = rec.gravity if gravities is None else gravities[i]
         mu = state.mirostat_mu
         res = sampling.prune(
-            rec.cand_logits, params, gravity=g, state=state, tail_logsumexp=rec.tail_lse,
+            rec.cand_logits,
+            params,
+            gravity=g,
+            state=state,
+            tail_logsumexp=rec.tail_lse,
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
             tail_count=_tail_count(rec, vocab) if params.adaptive == "dynatemp" else 0,
-        )  # fmt: skip
+        )
         token = None
         if recorded:  # the recorded settings: the recorded pick is the live one
             decision = tail_mod.Decision(index=rec.chosen_rank if rec.chosen_rank >= 0 else None)
@@ -320,10 +324,19 @@ def _decide(rec, res: PruneResult, params: PruneParams, g, g_recorded: bool, mu,
         if n > 0 and rec.tail_lse > float("-inf"):
             tail = tail_mod.Tail.from_lse(float(rec.cand_logits.min()), float(rec.tail_lse), n)
     return tail_mod.decide(
-        rec.cand_ids, rec.cand_logits, tail, eff, temperature=float(res.temperature),
-        greedy=bool(res.greedy), u=min(max(rec.u, 0.0), 1.0 - 1e-12), entropy=float(rec.entropy),
-        gravity=g, gravity_recorded=g_recorded, mirostat_mu=mu, token_rank=rec.chosen_rank,
-    )  # fmt: skip
+        rec.cand_ids,
+        rec.cand_logits,
+        tail,
+        eff,
+        temperature=float(res.temperature),
+        greedy=bool(res.greedy),
+        u=min(max(rec.u, 0.0), 1.0 - 1e-12),
+        entropy=float(rec.entropy),
+        gravity=g,
+        gravity_recorded=g_recorded,
+        mirostat_mu=mu,
+        token_rank=rec.chosen_rank,
+    )
 
 
 def _full_pick(rec, params: PruneParams, g, state: sampling.SamplerState) -> int | None:
@@ -404,9 +417,17 @@ def replay(
             note = _degraded(trace, params, hidden, len(trace.steps))[1]
     state = sampling.SamplerState()
     results, chosen, tokens, whys = replay_steps(trace, params, gravities, state=state)
-    w = WhatIf(params=params, n=0, results=[], chosen=[], token_ids=[], first_diff=None,
-               note=note, state=state if gravities is None else None,
-               model_gravity=gravities is not None)  # fmt: skip
+    w = WhatIf(
+        params=params,
+        n=0,
+        results=[],
+        chosen=[],
+        token_ids=[],
+        first_diff=None,
+        note=note,
+        state=state if gravities is None else None,
+        model_gravity=gravities is not None,
+    )
     _append(w, trace, results, chosen, tokens, whys)
     w.seconds = time.perf_counter() - t0
     return w
@@ -449,8 +470,9 @@ def extend(w: WhatIf, trace: Trace) -> WhatIf | None:
     t0 = time.perf_counter()
     state = w.state.copy()
     results, chosen, tokens, whys = replay_steps(trace, w.params, start=n, state=state)
-    out = dataclasses.replace(w, results=list(w.results), chosen=list(w.chosen),
-                              token_ids=list(w.token_ids), state=state)  # fmt: skip
+    out = dataclasses.replace(
+        w, results=list(w.results), chosen=list(w.chosen), token_ids=list(w.token_ids), state=state
+    )
     _append(out, trace, results, chosen, tokens, whys)
     out.seconds = time.perf_counter() - t0
     return out

@@ -404,13 +404,23 @@ class Decoder:
             "lists": {k: list(getattr(self, k)) for k in ("ids", "positions", "_snapshots")},
             "sampler": self.sampler.copy(),
             "generator": (gen, gen.get_state()),
-            "cache": (self.cache, dict(vars(self.cache)), [dict(vars(x)) for x in self.cache.layers]),
-            "trace": (self.trace, {**vars(self.trace), "steps": list(self.trace.steps),
-                                   "settings": dict(self.trace.settings)}),
+            "cache": (
+                self.cache,
+                dict(vars(self.cache)),
+                [dict(vars(x)) for x in self.cache.layers],
+            ),
+            "trace": (
+                self.trace,
+                {
+                    **vars(self.trace),
+                    "steps": list(self.trace.steps),
+                    "settings": dict(self.trace.settings),
+                },
+            ),
             "eviction": (self.eviction, _copy_state(vars(self.eviction)))
             if self.eviction is not None
             else None,
-        }  # fmt: skip
+        }
 
     def _restore(self, saved: dict) -> None:
         vars(self).clear()

@@ -46,29 +46,48 @@ class RunSettings:
     """The settings of one run that are not sampling parameters (see the module docstring)."""
 
     model: str = setting(
-        "", "Empty for the offline default; or a local model folder, a .gguf file, or a "
-        "Hugging Face id (needs the hub).", label="Model",
-    )  # fmt: skip
+        "",
+        "Empty for the offline default; or a local model folder, a .gguf file, or a "
+        "Hugging Face id (needs the hub).",
+        label="Model",
+    )
     chat: bool | None = setting(
-        None, "Wrap the prompt in the model's chat template (auto: when the model has one).",
-        kind="bool", optional=True, note="auto: when the model has one", label="Chat template",
+        None,
+        "Wrap the prompt in the model's chat template (auto: when the model has one).",
+        kind="bool",
+        optional=True,
+        note="auto: when the model has one",
+        label="Chat template",
         app_default=True,
-    )  # fmt: skip
+    )
     seed: int = setting(
         0, "Seed of the run's sampler.", lo=0, hi=SEED_MAX, app=(0, SEED_MAX, 1), label="Seed"
     )
     max_new_tokens: int = setting(
-        64, "Most new tokens the run generates.", lo=1, hi=MAX_STEPS, app=(1, MAX_STEPS, 16),
-        label="Max new tokens", app_default=512, flag="--steps",
-    )  # fmt: skip
+        64,
+        "Most new tokens the run generates.",
+        lo=1,
+        hi=MAX_STEPS,
+        app=(1, MAX_STEPS, 16),
+        label="Max new tokens",
+        app_default=512,
+        flag="--steps",
+    )
     kv_policy: str = setting(
-        "none", "KV-cache eviction policy; none keeps every entry.", choices=KV_POLICIES,
-        app=True, label="KV policy",
-    )  # fmt: skip
+        "none",
+        "KV-cache eviction policy; none keeps every entry.",
+        choices=KV_POLICIES,
+        app=True,
+        label="KV policy",
+    )
     kv_budget: int = setting(
-        256, "Tokens per layer the KV cache keeps under a KV policy.", lo=8, hi=MAX_STEPS,
-        app=(8, MAX_STEPS, 8), label="KV budget (tokens)",
-    )  # fmt: skip
+        256,
+        "Tokens per layer the KV cache keeps under a KV policy.",
+        lo=8,
+        hi=MAX_STEPS,
+        app=(8, MAX_STEPS, 8),
+        label="KV budget (tokens)",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -115,9 +115,11 @@ def _feed_padded(group: list[Decoder]) -> None:
             att = out.attention[:, r : r + 1][..., keep]  # (L, 1, H, n_r)
         # the row's share of the batch's time is its forward time
         row = Forward(
-            out.hidden[r : r + 1], att, out.seconds / len(group),
+            out.hidden[r : r + 1],
+            att,
+            out.seconds / len(group),
             None if out.lens is None else out.lens.row(r),
-        )  # fmt: skip
+        )
         with d.transaction():  # a row whose head raises is left as it was, unfed
             for mine, lay in zip(d.cache.layers, kv.cache.layers, strict=True):
                 mine.keys = torch.cat([mine.keys, lay.keys[r : r + 1, :, -1:]], dim=-2)

@@ -164,14 +164,28 @@ def prune(
         n_kept = support[0].numel()
     return PruneResult(
         index_probs={"raw": w.p_raw, "gravity": w.p_grav, "temperature": p_temp, "final": final},
-        kept=kept, waterfall=w.waterfall, entropy_raw=float(w.h_raw),
-        varentropy_raw=float(w.v_raw), entropy_sampled=h_sampled, temperature=float(t),
-        free_energy=f, n_kept=n_kept, fallback=reason,
-        gravity=g if eff.gravity_lambda != 0.0 else None, greedy=greedy, scores=w.s,
-        argmax=arg, params=eff, tail_mass=w.tail_mass, gravity_dominance=dominance,
-        mirostat_mu=mu, mirostat_tau=eff.mirostat_tau, mirostat_eta=eff.mirostat_eta,
-        state=state, _support=None if greedy else support,
-    )  # fmt: skip
+        kept=kept,
+        waterfall=w.waterfall,
+        entropy_raw=float(w.h_raw),
+        varentropy_raw=float(w.v_raw),
+        entropy_sampled=h_sampled,
+        temperature=float(t),
+        free_energy=f,
+        n_kept=n_kept,
+        fallback=reason,
+        gravity=g if eff.gravity_lambda != 0.0 else None,
+        greedy=greedy,
+        scores=w.s,
+        argmax=arg,
+        params=eff,
+        tail_mass=w.tail_mass,
+        gravity_dominance=dominance,
+        mirostat_mu=mu,
+        mirostat_tau=eff.mirostat_tau,
+        mirostat_eta=eff.mirostat_eta,
+        state=state,
+        _support=None if greedy else support,
+    )
 
 
 def _final(
@@ -229,9 +243,17 @@ def _raw(
         waterfall.append(Stage("candidates", n_alive, tail_mass))
         logp_raw = None
     return _Work(
-        x=x, waterfall=waterfall, alive=finite, n_alive=n_alive, p_raw=p_raw, h_raw=h_raw,
-        v_raw=v_raw, logp_raw=logp_raw, tail_mass=tail_mass, h_known=moments is not None,
-    )  # fmt: skip
+        x=x,
+        waterfall=waterfall,
+        alive=finite,
+        n_alive=n_alive,
+        p_raw=p_raw,
+        h_raw=h_raw,
+        v_raw=v_raw,
+        logp_raw=logp_raw,
+        tail_mass=tail_mass,
+        h_known=moments is not None,
+    )
 
 
 def _check_gravity(gravity: Tensor | None, x: Tensor) -> Tensor | None:
@@ -410,11 +432,22 @@ def _head_pass(
             src_h, src_full, probs = w.alive[head], w.block, w.p_block
         rank = torch.cumsum(src_h, 0) - 1  # (H,) position among the input's finite tokens
         view = HeadInput(
-            head=head, src=src_h, src_full=src_full, rank=rank, protect=src_h & (rank < m),
-            bounded=bounded, probs_full=probs, scores=sh, scores_full=w.s, alive=w.alive,
-            n_src=n_cur if seq else w.n_alive, sequential=seq, temperature=w.t_f,
-            entropy=w.h_s, m=m,
-        )  # fmt: skip
+            head=head,
+            src=src_h,
+            src_full=src_full,
+            rank=rank,
+            protect=src_h & (rank < m),
+            bounded=bounded,
+            probs_full=probs,
+            scores=sh,
+            scores_full=w.s,
+            alive=w.alive,
+            n_src=n_cur if seq else w.n_alive,
+            sequential=seq,
+            temperature=w.t_f,
+            entropy=w.h_s,
+            m=m,
+        )
         keep = f.head_keep(view, eff)
         if keep is None:
             return None
