@@ -270,7 +270,7 @@ def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True
     ``stop``: draw Stop beside the progress (Generate draws it among its own buttons). Either
     way it is drawn outside the fragment, so the ticks never redraw it: a button re-sent by
     every tick could be swapped for its new copy between a press and its release, and the
-    load benchmark had to press Stop again at times.
+    press would be lost.
     """
     sess = ctx.sess
     active = runner.job(sess) is not None
