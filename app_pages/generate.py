@@ -138,7 +138,7 @@ def _ghost_payload() -> dict | None:
     g = sess.ghost
     rest = len(ctx.steps) - k
     if g is not None and g.at == k and g.tokens:
-        texts = [s.token_text for s in g.decoder.trace.steps[k:]]
+        texts = [style.piece_text(s.token_text, s.token_hex) for s in g.decoder.trace.steps[k:]]
         if not g.complete:
             note = "… decoding"
         elif g.decoder.done:

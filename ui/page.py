@@ -13,7 +13,8 @@ from functools import lru_cache
 
 import streamlit as st
 
-from semviz.output import escape
+from semviz.decoding.decoder import token_hex
+from semviz.output import escape, style
 from semviz.output.style import display_token
 from semviz.sampling import PruneParams
 from semviz.tasks import GravityTask, Progress
@@ -132,7 +133,9 @@ class PageContext:
     def context_labels(self, positions) -> list[str]:
         """Token texts of original sequence positions (prompt + generated)."""
         tr = self.trace
-        toks = list(tr.prompt_tokens) + [s.token_text for s in tr.steps]
+        toks = [
+            style.piece_text(t, tr.prompt_hex.get(str(i))) for i, t in enumerate(tr.prompt_tokens)
+        ] + [style.piece_text(s.token_text, s.token_hex) for s in tr.steps]
         return [toks[int(p)] if int(p) < len(toks) else "?" for p in positions]
 
 
@@ -142,13 +145,16 @@ def _tok_cache(tok_id: int):
 
 
 def token_texts(tokenizer, ids: tuple[int, ...]) -> list[str]:
-    """Decode ids one by one, memoised per tokenizer."""
+    """Decode ids one by one, memoised per tokenizer; a piece of a character shows its bytes
+    (``style.piece_text``), not the replacement character its decode alone gives."""
     memo = _tok_cache(id(tokenizer))
     out = []
     for i in ids:
         s = memo.get(i)
         if s is None:
             s = tokenizer.decode([i])
+            if "\ufffd" in s:
+                s = style.piece_text(s, token_hex(tokenizer, i))
             memo[i] = s
         out.append(s)
     return out

@@ -449,7 +449,9 @@ def payload(
     prompt: list[list] = []
     chars = 0
     for pos in range(len(tr.prompt_tokens) - 1, -1, -1):
-        text = style.mark_specials(tr.prompt_tokens[pos])
+        text = style.mark_specials(
+            style.piece_text(tr.prompt_tokens[pos], tr.prompt_hex.get(str(pos)))
+        )
         if prompt and chars + len(text) > PROMPT_CHARS:
             break
         prompt.append([pos, text])
@@ -473,7 +475,8 @@ def payload(
         read_from = hit[5] if not (layers or heads) else links(s, layers=layers, heads=heads)
         # only links to tokens on show: a rule for a hidden token would light nothing
         shown = [(p, w) for p, w in read_from if p >= shown_from]
-        tokens.append([i, s.token_text, round(float(v), 3), int(s.position), bool(shown)])
+        text = style.piece_text(s.token_text, s.token_hex)  # a piece of a character: its bytes
+        tokens.append([i, text, round(float(v), 3), int(s.position), bool(shown)])
         read.append((int(s.position), shown))
     # [text, colour of its mark or None]
     hints = [["selected step (click a token)", style.FOCUS], ["hover: alternatives", None]]

@@ -216,16 +216,7 @@ def display_token(text: str, raw: str | bytes | None = None) -> str:
     '·<E6 97>'
     """
     if raw is not None:
-        b = bytes.fromhex(raw) if isinstance(raw, str) else bytes(raw)
-        parts = re.split(r"([\udc80-\udcff]+)", b.decode("utf-8", "surrogateescape"))
-        return (
-            "".join(
-                display_token(part) if i % 2 == 0 else _byte_run(part)
-                for i, part in enumerate(parts)
-                if part
-            )
-            or "∅"
-        )
+        return "".join(display_token(t) if c else _byte_run(t) for t, c in _pieces(raw)) or "∅"
     if text == "":
         return "∅"
     out = []
@@ -238,6 +229,27 @@ def display_token(text: str, raw: str | bytes | None = None) -> str:
         else:
             out.append(repr(c)[1:-1])
     return "".join(out)
+
+
+def piece_text(text: str, raw: str | bytes | None = None) -> str:
+    """A token's text for views that show text as it is (the token strip, labels): ``text``
+    itself, or, for a piece of a character (``raw``, its bytes or their hex), its characters
+    with each run of bytes that is no character as ``<E2 98>`` in place of ``\ufffd``.
+
+    >>> piece_text("\ufffd", "20e697")
+    ' <E6 97>'
+    """
+    if raw is None:
+        return text
+    return "".join(t if c else _byte_run(t) for t, c in _pieces(raw))
+
+
+def _pieces(raw: str | bytes) -> list[tuple[str, bool]]:
+    """A token's bytes split into runs: (text, True) that decode as UTF-8, and (bytes as
+    ``surrogateescape`` leaves them, False) that do not."""
+    b = bytes.fromhex(raw) if isinstance(raw, str) else bytes(raw)
+    parts = re.split(r"([\udc80-\udcff]+)", b.decode("utf-8", "surrogateescape"))
+    return [(p, i % 2 == 0) for i, p in enumerate(parts) if p]
 
 
 def _byte_run(part: str) -> str:

@@ -201,3 +201,26 @@ def test_a_card_names_each_filter_stage_and_what_it_removed(tiny_lm):
     )
     plain.run(1)
     assert strip.payload(ctx_of(plain, {}))["alts"]["0"]["filters"] == "no filter on"
+
+
+def test_a_piece_of_a_character_shows_its_bytes_not_the_replacement_character(tiny_lm):
+    # "☀☆" is six byte-level tokens, none a character alone; the strip, the ghost lane and
+    # every label show each as its byte, as the tables and the CLI do
+    from semviz.output import style
+    from ui.page import token_texts
+
+    tok = tiny_lm.tokenizer
+    ids = tok("☀☆", add_special_tokens=False)["input_ids"]
+    pieces = ["<E2>", "<98>", "<80>", "<E2>", "<98>", "<86>"]
+    assert [tok.decode([i]) for i in ids] == ["\ufffd"] * 6  # what a decode alone gives
+    dec = Decoder(tiny_lm, "Sun: ☀☆", PruneParams(), DecodeSettings(max_new_tokens=8, seed=1))
+    for i in ids:
+        dec.step(force_token=i)
+    payload = strip.payload(ctx_of(dec, {}))
+    assert [t[1] for t in payload["tokens"]] == pieces
+    prompt = "".join(text for _, text in payload["prompt"])
+    assert "Sun:·" not in prompt and "Sun: " + "".join(pieces) in prompt
+    assert "\ufffd" not in prompt
+    assert token_texts(tok, tuple(ids)) == pieces
+    assert [style.piece_text(s.token_text, s.token_hex) for s in dec.trace.steps] == pieces
+    assert dec.trace.text == "☀☆"  # the run's text joins the bytes into characters
