@@ -10,6 +10,7 @@ import streamlit as st
 
 from semviz.analysis import compare as cmp
 from semviz.decoding.decoder import encode_prompt
+from semviz.output import style
 from semviz.tasks import CompareTask
 from ui import page, server, work
 from ui.errors import report
@@ -93,7 +94,7 @@ def results() -> None:
         + f" · {state} · first divergence: "
         + ("none" if fd is None else f"step {fd}")
     )
-    texts = [[s.token_text for s in t.steps] for t in res.traces]
+    texts = [[style.piece_text(s.token_text, s.token_hex) for s in t.steps] for t in res.traces]
     left, right = cmp.diff_html(*texts)
     c1, c2 = st.columns(2)
     for col, name, side, body in ((c1, "A", res.sides[0], left), (c2, "B", res.sides[1], right)):

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from semviz.analysis import lens
-from semviz.output import charts, headview
+from semviz.output import charts, headview, style
 from ui import page, runner, views
 from ui.errors import guard
 
@@ -35,7 +35,7 @@ if page.need_trace(ctx):
     elif lm is None:
         st.info("The model is not loaded, so the lens cannot be read.", icon=":material/info:")
     else:
-        token = charts.display_token(rec.token_text)
+        token = style.step_token(rec)
         with guard("reading the logit lens"):
             s = lens.lens_step(lm, rec)
             tops = ctx.labels(s.top_ids[:, 0].tolist())
@@ -53,7 +53,10 @@ if page.need_trace(ctx):
                     else f"{token} is not the model's top token at this step (it was sampled)."
                 )
             )
-            views.chart(charts.lens_layers_figure(s, rec.token_text, tops), key="lens_layers")
+            views.chart(
+                charts.lens_layers_figure(s, style.piece_text(rec.token_text, rec.token_hex), tops),
+                key="lens_layers",
+            )
 
         with guard("drawing the lens grid"):
             lo = max(0, i + 1 - GRID_STEPS)
@@ -63,7 +66,12 @@ if page.need_trace(ctx):
             st.subheader("Every step: each layer's top token")
             views.step_chart(
                 ctx,
-                charts.lens_grid_figure(grid, texts, [r.token_text for r in shown], selected=i),
+                charts.lens_grid_figure(
+                    grid,
+                    texts,
+                    [style.piece_text(r.token_text, r.token_hex) for r in shown],
+                    selected=i,
+                ),
                 key="lens_grid",
             )
             st.caption(

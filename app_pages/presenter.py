@@ -13,7 +13,7 @@ import html
 
 import streamlit as st
 
-from semviz.output import charts, report
+from semviz.output import charts, report, style
 from ui import page as ui_page
 from ui import runner, views
 
@@ -110,7 +110,7 @@ else:
     kind, sentence = report.shown_state(wi)
     views.state_badge(kind, sentence)
 
-    before = "".join(s.token_text for s in tr.steps[:i])
+    before = style.piece_text("", tr.bytes_upto(i))  # a split character as its bytes
     if len(before) < CONTEXT_CHARS:
         prompt = tr.prompt[-(CONTEXT_CHARS - len(before)) :]
         lead = f"<span class='semviz-muted'>{html.escape(prompt)}</span>"

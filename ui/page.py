@@ -529,7 +529,7 @@ def whatif_banner(ctx: PageContext) -> None:
     else:
         k = wi.first_diff
         pick = first_pick(ctx)
-        old = escape.markdown(display_token(ctx.steps[k].token_text))
+        old = escape.markdown(style.step_token(ctx.steps[k]))
         new = escape.markdown(pick.label)
         replayed = f"replayed {wi.n} steps in {1e3 * wi.seconds:.0f} ms, {_model_part(wi)}"
         guess = escape.markdown(display_token(ctx.labels([wi.token_ids[k]])[0]))

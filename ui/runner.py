@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt
+from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt, token_hex
 from semviz.output import escape
-from semviz.output.style import display_token
+from semviz.output.style import display_token, piece_text, step_token
 from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
 from ui import kv, server
@@ -362,7 +362,7 @@ def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) ->
         n_old, base_params = cur.n_steps, cur.params
         dec, forced, build = _fork_at(sess, settings, k)
         label = _label(cur, token_id)
-        was = display_token(old.token_text)
+        was = step_token(old)
         _add_branch(sess, dec, k, f"{display_token(label)} at step {k} (was {was})")
         sess.selected = k
         shown = escape.markdown(display_token(label))  # the label is shown as markdown
@@ -439,7 +439,8 @@ def branch_tokens(sess: SessionData) -> tuple[int, list[int]] | None:
 
 def _label(dec: Any, token_id: int) -> str:
     try:
-        return dec.lm.tokenizer.decode([int(token_id)])
+        tok = dec.lm.tokenizer
+        return piece_text(tok.decode([int(token_id)]), token_hex(tok, int(token_id)))
     except Exception:
         return str(token_id)
 

@@ -583,7 +583,7 @@ def _card(ctx, i: int, stages: list[str], whatif: bool, res) -> dict:
         rows.append([int(tid), lab, probs, r == rec.chosen_rank])
     p = rec.chosen_prob
     head = (
-        f"step {i} · {style.display_token(rec.token_text)} · p {p:.3f} · H {rec.entropy:.2f} nats · "
+        f"step {i} · {style.step_token(rec)} · p {p:.3f} · H {rec.entropy:.2f} nats · "
         f"kept {rec.n_kept} · T {rec.temperature:.2f}"
     )
     # each filter stage of the chain: what it left and the share of the mass it removed (of

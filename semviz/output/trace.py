@@ -425,12 +425,12 @@ def _check_eviction(ev: Any, where: str) -> None:
         _tensor(sc, f"{where}.scores", (torch.float16, torch.float32), shape)
 
 
-def _join_bytes(texts: list[str], hexes: list[str | None]) -> str:
+def _join_bytes(texts: list[str], hexes: list[str | None]) -> bytes:
     """Token texts joined byte-wise: a token's hex bytes where it has them, else its text."""
     return b"".join(
         bytes.fromhex(h) if h is not None else t.encode("utf-8", "replace")
         for t, h in zip(texts, hexes, strict=True)
-    ).decode("utf-8", "replace")
+    )
 
 
 MAX_TOKEN_BYTES = 256  # one token's bytes; a vocabulary's longest are far shorter
@@ -737,13 +737,19 @@ class Trace:
         return _join_bytes(
             self.prompt_tokens,
             [self.prompt_hex.get(str(i)) for i in range(len(self.prompt_tokens))],
-        )
+        ).decode("utf-8", "replace")
 
     @property
     def text(self) -> str:
         """The generated text: the tokens' bytes joined, then decoded, so a character split
         over tokens reads whole (as the tokenizer's decode of the ids does)."""
-        return _join_bytes([s.token_text for s in self.steps], [s.token_hex for s in self.steps])
+        return self.bytes_upto(len(self.steps)).decode("utf-8", "replace")
+
+    def bytes_upto(self, n: int) -> bytes:
+        """The bytes of the first ``n`` steps' tokens, joined (they may end inside a
+        character: ``style.piece_text`` shows those bytes as bytes)."""
+        steps = self.steps[:n]
+        return _join_bytes([s.token_text for s in steps], [s.token_hex for s in steps])
 
     @property
     def token_ids(self) -> list[int]:

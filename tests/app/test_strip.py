@@ -224,3 +224,6 @@ def test_a_piece_of_a_character_shows_its_bytes_not_the_replacement_character(ti
     assert token_texts(tok, tuple(ids)) == pieces
     assert [style.piece_text(s.token_text, s.token_hex) for s in dec.trace.steps] == pieces
     assert dec.trace.text == "☀☆"  # the run's text joins the bytes into characters
+    # Presenter's text before a step: a character cut at the step shows its bytes so far
+    before = [style.piece_text("", dec.trace.bytes_upto(n)) for n in (0, 2, 3, 6)]
+    assert before == ["", "<E2 98>", "☀", "☀☆"]
