@@ -93,6 +93,7 @@ def main() -> int:
     trace = dec.trace
     render(lm, trace, base)  # warm caches (tokenizer, plotly)
     full = [rec.full_logits for rec in trace.steps]
+    tails = [rec.tail_summary() for rec in trace.steps]  # what a record without them keeps
     moves, summary_only = [], []
     for k in range(a.moves):  # temperature and top-p sliders, as a user drags them
         p = base.replace(temperature=0.3 + 0.07 * k)
@@ -100,11 +101,11 @@ def main() -> int:
             p = p.replace(top_p=0.99 - 0.02 * k)
         moves.append(render(lm, trace, p))
         # side by side: the same move on a record without every raw logit (tail summary only)
-        for rec in trace.steps:
-            rec.full_logits = None
+        for rec, t in zip(trace.steps, tails, strict=True):
+            rec.full_logits, rec.tail = None, t
         summary_only.append(render(lm, trace, p))
         for rec, f in zip(trace.steps, full, strict=True):
-            rec.full_logits = f
+            rec.full_logits, rec.tail = f, None
     med = {key: statistics.median(m[key] for m in moves) for key in moves[0]}
     med_summary = statistics.median(m["total"] for m in summary_only)
     out = {

@@ -34,8 +34,9 @@ def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(ap
     # tiny model is near flat), so "no change" is itself an estimate
     steps = s.decoder.trace.steps
     full = [rec.full_logits for rec in steps]
-    for rec in steps:
-        rec.full_logits = None
+    for rec in steps:  # the record then keeps the tail's summary, made from them
+        rec.tail, rec.full_logits = rec.tail_summary(), None
+    assert all(isinstance(rec.tail, dict) for rec in steps)
     app.slider(key="s_temperature").set_value(2.0).run()
     hot = s.replay_memo["whatif"]
     assert hot.first_diff is None and hot.approximate == [True] * 10
