@@ -7,7 +7,8 @@ changed choice comes from the settings alone. The first step whose choice change
 point where "regenerate from here" would continue.
 
 The record holds each step's top candidates exactly and the rest of the vocabulary as a
-binned summary (:mod:`semviz.sampling.tail`), which bounds the tail's mass at any
+binned summary (:mod:`semviz.sampling.tail`; made on demand from the full logits where the
+record keeps them, ``StepRecord.tail_summary``), which bounds the tail's mass at any
 temperature. A step's pick is exact, what a live decode with the new settings picks from
 the same draw, when every vocabulary consistent with the record makes the same pick; where
 it depends on tokens the record does not hold (the draw lands in the tail, or too near a

@@ -5,7 +5,10 @@ every other logit, so any later re-pruning (the replay, the app's what-if slider
 exact raw distribution over those K tokens and the exact total mass of the tail. K is 1,024 by
 default, which on the default model covers all but a few 1e-4 of the mass at T ≤ 1. By
 default a step also keeps every raw logit (``full_logits``), so that a replay at any setting
-can run the live chain over the whole vocabulary where the candidates cannot decide a pick.
+can run the live chain over the whole vocabulary where the candidates cannot decide a pick;
+such a step leaves out the tail's binned summary, which follows from them
+(``StepRecord.tail_summary``), unless full-mode gravity ran (its ``G`` over the tail is not
+kept).
 
 Tensors are written to JSON as base64 of their raw bytes with dtype and shape, so a round
 trip is bit-exact.
