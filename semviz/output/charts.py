@@ -789,22 +789,28 @@ def thermo_figure(df, *, selected: int | None = None, first_diff: int | None = N
     return _figure(data, layout)
 
 
+def _selected_point(df, selected: int | None, *, legend: bool = True) -> list[dict]:
+    """The entropy × varentropy scatters' halo under the selected step (none when out of range)."""
+    if selected is None or not 0 <= selected < len(df):
+        return []
+    row = df.iloc[selected]
+    return [
+        {
+            "type": "scatter",
+            "x": [float(row["entropy"])],
+            "y": [float(row["varentropy"])],
+            "mode": "markers",
+            "name": f"selected step {selected}",
+            "hoverinfo": "skip",
+            "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
+            "showlegend": legend,
+        }
+    ]
+
+
 def entropy_scatter(df, *, selected: int | None = None) -> go.Figure:
     """Entropy × varentropy, one point per step, coloured by what the sampler did."""
-    data = []
-    if selected is not None and 0 <= selected < len(df):
-        row = df.iloc[selected]
-        data.append(
-            {
-                "type": "scatter",
-                "x": [float(row["entropy"])],
-                "y": [float(row["varentropy"])],
-                "mode": "markers",
-                "name": f"selected step {selected}",
-                "hoverinfo": "skip",
-                "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
-            }
-        )
+    data = _selected_point(df, selected)
     for action, color in ACTION_COLOR.items():
         sub = df[df["action"] == action] if len(df) else df
         if not len(sub):
@@ -1823,21 +1829,7 @@ def quadrant_figure(df, *, selected: int | None = None, max_labels: int = 60) ->
     at their points, split at the run's medians (low/low: the model is sure; high entropy,
     low varentropy: evenly unsure; low entropy, high varentropy: a few distinct options;
     high/high: lost)."""
-    data = []
-    if selected is not None and 0 <= selected < len(df):
-        row = df.iloc[selected]
-        data.append(
-            {
-                "type": "scatter",
-                "x": [float(row["entropy"])],
-                "y": [float(row["varentropy"])],
-                "mode": "markers",
-                "name": f"selected step {selected}",
-                "hoverinfo": "skip",
-                "marker": {"size": 24, "color": style.rgba(style.FOCUS, 0.8)},
-                "showlegend": False,
-            }
-        )
+    data = _selected_point(df, selected, legend=False)
     label = len(df) <= max_labels
     data.append(
         {
