@@ -42,7 +42,7 @@ job["cmp_a"], job["cmp_b"] = st.session_state["cmp_a"], st.session_state["cmp_b"
 def _keep(task: CompareTask, error: str | None) -> None:
     """After each advance: the comparison so far, and whether it still runs (an error is
     shown by the task panel)."""
-    job.update(result=task.result() or job.get("result"), running=not task.finished)
+    job.update(result=task.latest or job.get("result"), running=not task.finished)
 
 
 def _start() -> None:

@@ -234,7 +234,7 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 def _keep(task: FrontierTask, error: str | None) -> None:
     """After each look at the sweep: whether it runs, and once it has ended, what it made."""
     job["running"] = not task.finished  # an error that ended it is shown by the task panel
-    res = task.result()
+    res = task.latest
     if task.finished and res is not None:
         w = task.workers
         where = f" on {w} Ray worker{'s' if w > 1 else ''}" if w else ""
@@ -272,7 +272,7 @@ def _start() -> None:
     )
     job["out"] = out
     # a sweep's one unit is the whole sweep: a thread of the task panel runs it
-    work.start(ctx.sess, "fr", task, on_tick=_keep, background=True)
+    work.start(ctx.sess, "fr", task, on_tick=_keep)
     ss["fr_source"], ss["fr_path"] = "A results file", out
 
 

@@ -118,17 +118,11 @@ def _select(i: int) -> None:
     sess.rerun_app = True
 
 
-def _ghost_work(do: bool) -> bool:
-    """The what-if continuation: made ready on a full run, decoded in the fragment's ticks."""
+def _ghost() -> None:
+    """The what-if continuation: started on a full run, decoded by its task meanwhile."""
     k = ctx.first_diff
-    if k is None or ctx.params is None:
-        return False
-    g = runner.ghost(sess, settings, ctx.params, k)
-    if g is None:
-        return False
-    if do:
-        return not runner.ghost_tick(sess)
-    return not g.complete
+    if k is not None and ctx.params is not None:
+        runner.ghost(sess, settings, ctx.params, k)
 
 
 def _ghost_payload() -> dict | None:
@@ -138,11 +132,12 @@ def _ghost_payload() -> dict | None:
     g = sess.ghost
     rest = len(ctx.steps) - k
     if g is not None and g.at == k and g.tokens:
-        texts = [style.piece_text(s.token_text, s.token_hex) for s in g.decoder.trace.steps[k:]]
+        gt = g.trace
+        texts = [style.piece_text(s.token_text, s.token_hex) for s in gt.steps[k:]]
         if not g.complete:
             note = "… decoding"
-        elif g.decoder.done:
-            note = f"[{g.decoder.stop_reason}]"
+        elif gt.stop_reason is not None:
+            note = f"[{gt.stop_reason}]"
         elif len(texts) < rest:
             note = f"… (first {len(texts)} of {rest}; Regenerate decodes the rest)"
         else:
@@ -156,7 +151,7 @@ def _ghost_payload() -> dict | None:
         note = f"… (an estimate: {why})"
     elif g is not None and g.error:
         note = f"… (the continuation was not decoded: {g.error})"
-    elif g is not None and g.forced:
+    elif g is not None and g.refeeding:
         note = f"… re-feeding the {k} recorded tokens before it, then decoding"
     elif g is None:
         note = "…"
@@ -166,7 +161,7 @@ def _ghost_payload() -> dict | None:
 
 
 def live() -> None:
-    """Status and token strip; inside the job fragment while a task runs, so they stream."""
+    """Status and token strip; inside the task's panel, so they stream while it runs."""
     ctx.update_whatif()
     dec = sess.decoder
     if dec is None:
@@ -176,7 +171,7 @@ def live() -> None:
     state = (
         "working…" if j is not None else (f"stopped: {dec.stop_reason}" if dec.done else "ready")
     )
-    tr = dec.trace
+    tr = sess.trace
     name = escape.markdown(tr.model.get("name", "?"))
     bits = [f"model **{name}**", f"{len(tr.prompt_ids)} prompt tokens"]
     if isinstance(dec, runner.TraceRun) and dec.source:
@@ -202,7 +197,9 @@ def live() -> None:
 
 if ctx.params is not None:
     page.whatif_banner(ctx)
-page.job_panel(ctx, body=live, background=_ghost_work if job is None else None, stop=False)
+if job is None:
+    _ghost()
+page.job_panel(ctx, body=live, stop=False)
 
 
 def _switch(key: str) -> None:

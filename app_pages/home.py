@@ -51,8 +51,7 @@ def _try_prompt() -> None:
         s = replace(s, prompt=typed)
     _store(s)
     try:
-        if runner.job(sess) is not None:
-            runner.stop(sess)
+        runner.stop(sess, quiet=True)
         runner.start(sess, s, "run", int(s.run_n))
     except Exception as exc:  # Generate shows it
         sess.error = report(exc, "opening Generate")

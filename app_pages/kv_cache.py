@@ -127,7 +127,7 @@ class Ended:
 def _keep(task: KVEvalTask, error: str | None) -> None:
     """After each advance: the rows so far; once it has ended, what its last line says."""
     run = task.run
-    sess.kv_eval = run.rows()
+    sess.kv_eval = task.latest
     job["running"] = not task.finished
     if task.finished:
         job["run"] = Ended(run.done, run.total, run.finished, failed=error is not None)

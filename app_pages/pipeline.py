@@ -62,7 +62,7 @@ dec = ctx.decoder
 if dec is None or not ctx.steps:
     st.info("Generate a few tokens to compare prefill with decode.")
 else:
-    tr = dec.trace
+    tr = ctx.trace
     decode = [s.t_forward for s in tr.steps[1:]]  # step 0's logits come from the prefill
     views.chart(
         charts.timing_figure(tr.prefill_seconds, len(tr.prompt_ids), decode), key="pipe_timing"
@@ -83,7 +83,7 @@ st.latex(
     rf"\text{{bytes}} = {bpt:,}\ \text{{bytes per token}}"
 )
 if dec is not None and ctx.steps:
-    last = dec.trace.steps[-1]
+    last = ctx.trace.steps[-1]
     predicted = bpt * last.cache_len
     heads = f"({summary['num_heads']} query heads share {summary['num_kv_heads']} KV heads)"
     if predicted != last.cache_bytes and last.eviction is not None:

@@ -1,8 +1,10 @@
 """Long work, one way for every kind: a task advances for a time budget and reports progress.
 
-A :class:`Task` is plain Python, with no thread of its own. Whoever runs it (the app's session
-worker in ``ui.runner``, a test, a script) calls :meth:`Task.advance` with a budget in seconds
+A :class:`Task` is plain Python, with no thread of its own. Whoever runs it (a thread of
+``ui.work`` in the app, a test, a script) calls :meth:`Task.advance` with a budget in seconds
 and a :class:`Turns`, and reads :meth:`Task.progress` and :meth:`Task.result` between two calls.
+After each unit the task keeps a copy of its result in :attr:`Task.latest`: another thread
+(a page drawing while the task runs) reads that, never the work in progress.
 ``advance`` always does at least one unit of work (a token, a batched forward, a chunk), and
 every model call inside it waits for its turn in the model's line (``semviz.model.queue``)
 through ``turns``. :meth:`Task.stop` may be called from any thread: the task ends after the
@@ -57,6 +59,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import threading
 import time
@@ -166,6 +169,7 @@ class Task:
     label : what the work is, for a progress line ("Run 32")
     stopped : a stop request ended it before it was done
     seconds : time spent in :meth:`advance` so far
+    latest : :meth:`result` as it was after the last unit, made by the thread that ran it
     """
 
     label: str = "Working"
@@ -175,6 +179,7 @@ class Task:
         self.stopped = False
         self.finished = False
         self.seconds = 0.0
+        self.latest: Any = None
 
     def stop(self) -> None:
         """Ask the task to end after the unit in progress; safe from any thread."""
@@ -197,6 +202,8 @@ class Task:
                 except Stopped:
                     self.stopped = self.finished = True
                     break
+                finally:
+                    self.latest = self.result()
                 if not more:
                     self.finished = True
                     break
@@ -365,10 +372,15 @@ class DecodeTask(Task):
     build : makes the decoder (its prefill is the task's first unit)
     refeed : recorded tokens to take first, with the recipe's settings (a recording shown
         without a model, a cache policy's state rebuilt); they are not edits
-    sample : tokens to decode after them (None: until stopped or the run ends)
-    params : the settings new tokens are sampled with (the sliders); where they differ from
-        the recipe's, the recipe gains an edit. None follows the recipe (reproducing a link).
+    sample : tokens to decode after them (None: until stopped or the run ends); more can be
+        asked for while it runs (:meth:`extend`)
+    params : the settings new tokens are decoded with (the sliders; another thread may set
+        it while the task runs), hand-picked ones included; where they differ from the
+        recipe's, the recipe gains an edit. None follows the recipe (reproducing a link).
     label : for the progress line
+
+    Its result is a copy of the run's ``Trace`` (None before the prefill), which later tokens
+    do not change.
     """
 
     def __init__(
@@ -390,19 +402,34 @@ class DecodeTask(Task):
             recipe = Recipe(getattr(decoder, "params", None) or params or PruneParams())
         self.recipe = recipe
         self.refeed = list(refeed)
+        self._refed = len(self.refeed)  # re-fed tokens in all, for the progress
         self.sample, self.params, self.label = sample, params, label
         self.made = 0  # tokens this task has decoded (re-fed ones included)
         self.sampled = 0
+        self._more_lock = threading.Lock()  # extend() against the last token's decision
+        self._closed = False  # no more tokens will be asked for
+        self.latest = self.result()
+
+    def extend(self, n: int) -> bool:
+        """Decode ``n`` more tokens (Step clicks queued while the first one's prefill runs);
+        False once the task has taken its last token, when they must be a task of their own."""
+        with self._more_lock:
+            if self._closed or self.sample is None:
+                return False
+            self.sample += int(n)
+            return True
 
     @property
     def total(self) -> int | None:
-        return None if self.sample is None else len(self.refeed) + self.sample
+        return None if self.sample is None else self._refed + self.sample
 
     def unit(self, turns: Turns) -> bool:
         if self.decoder is None:
             with turns.turn():
                 self.decoder = self.build()
             return self._more()
+        if not self._more():  # asked for nothing more (a branch whose tokens are all made)
+            return False
         dec = self.decoder
         n = dec.n_steps
         if self.refeed:
@@ -412,13 +439,9 @@ class DecodeTask(Task):
             self.refeed.pop(0)
         else:
             token = self.recipe.token_at(n)
-            p = (
-                self.recipe.params_at(n)
-                if self.params is None or token is not None
-                else self.params
-            )
+            p = self.recipe.params_at(n) if self.params is None else self.params
             if p != self.recipe.params_at(n):
-                self.recipe = self.recipe.edit(n, params=p)
+                self.recipe = self.recipe.edit(n, params=p, token=token)
             dec.params = p
             if turns.step(dec, token) is None:
                 return False
@@ -427,10 +450,12 @@ class DecodeTask(Task):
         return self._more()
 
     def _more(self) -> bool:
-        dec = self.decoder
-        if dec.done:
-            return False
-        return bool(self.refeed) or self.sample is None or self.sampled < self.sample
+        with self._more_lock:
+            more = not self.decoder.done and (
+                bool(self.refeed) or self.sample is None or self.sampled < self.sample
+            )
+            self._closed = not more
+            return more
 
     def progress(self) -> Progress:
         if self.decoder is None:
@@ -442,7 +467,12 @@ class DecodeTask(Task):
         return Progress(self.made, self.total, phase, seconds=self.seconds)
 
     def result(self) -> Any:
-        return self.decoder
+        dec = self.decoder
+        if dec is None:
+            return None
+        tr = copy.copy(dec.trace)
+        tr.steps, tr.settings, tr.extra = list(tr.steps), dict(tr.settings), dict(tr.extra)
+        return tr
 
 
 # -- the pages' long work ---------------------------------------------------------------------
@@ -494,6 +524,7 @@ class CompareTask(Task):
         if self.stopped and self.cmp is not None:
             self.cmp.stopped = not self.cmp.finished
             self.cmp.release()  # the caches go; the traces stay
+            self.latest = self.result()
         return done
 
     def progress(self) -> Progress:

@@ -18,9 +18,8 @@ from semviz.output import escape, style
 from semviz.output.style import display_token
 from semviz.sampling import PruneParams
 from semviz.tasks import GravityTask, Progress
-from ui import nav, runner, server, whatif
+from ui import nav, runner, server, whatif, work
 from ui.errors import guard, report
-from ui.locks import page_lock
 from ui.model import get_model
 from ui.state import SessionData, Settings, read_run_query, run_query, session, url_count
 
@@ -182,6 +181,7 @@ def context(
     settings = controls.sidebar() if sidebar else controls.settings()
     server.apply_upload_limit()  # follows the server's settings file as it changes
     sess = session(st.session_state)
+    work.refresh(sess, (runner.RUN, runner.GHOST))  # the run as its task has made it by now
     lm = None
     with guard("loading the model", show=False) as err:
         lm = get_model(settings.model_name())
@@ -195,6 +195,7 @@ def context(
     params = None
     with guard("the sampling settings") as err2:
         params = settings.prune_params()
+    runner.follow(sess, params)  # a task decoding the run takes the sliders as they are now
     ctx = PageContext(settings=settings, sess=sess, lm=lm, params=params, wi=None)
     open_link(ctx)
     if runner.job(sess) is not None:  # e.g. the linked run: the full run at its end shows
@@ -254,109 +255,27 @@ def open_link(ctx: PageContext) -> None:
         sess.error = report(exc, "reproducing the linked run")
 
 
-TICK_EVERY = 0.5  # seconds between job ticks; a Stop click waits at most TICK_SECONDS
+def job_panel(ctx: PageContext, body=None, *, stop: bool = True) -> None:
+    """The run's task (and the what-if ghost's) on the one panel of ``ui.work``: progress,
+    an estimate, the place in the model's line and Stop, with ``body()`` (the status line,
+    Generate's token strip) drawn inside it, so it streams while the task runs.
 
-
-def tick_every() -> float:
-    """Seconds between a job's ticks: ``TICK_EVERY``, and longer while many jobs decode in the
-    background on this server (a class playing at once), since then each page's redraw costs
-    the server's CPU that the model needs; the jobs go on decoding between the ticks."""
-    return TICK_EVERY * max(1.0, runner.background_jobs() / 2)
-
-
-def job_panel(ctx: PageContext, body=None, background=None, *, stop: bool = True) -> None:
-    """The session's long task: one tick of work per run, its progress, an estimate and Stop.
-
-    Runs as a fragment every ``TICK_EVERY`` s while a task is active, so only this part of the
-    page reruns; ``body()`` (Generate's status line and token strip) is drawn inside it and
-    streams with it. When the task ends the whole page reruns once to catch up.
-    ``background()`` is lower-priority work (the what-if ghost text) done in the ticks while no
-    task runs; it returns True while it has more to do.
-
-    ``stop``: draw Stop beside the progress (Generate draws it among its own buttons). Either
-    way it is drawn outside the fragment, so the ticks never redraw it: a button re-sent by
-    every tick could be swapped for its new copy between a press and its release, and the
-    press would be lost.
-    """
-    sess = ctx.sess
-    active = runner.job(sess) is not None
-    more = background is not None and not active and background(False)
-    if not active and not more:
-        if body is not None:
-            body()  # no fragment: a click inside the body reruns the whole page
-        return
-
-    every = tick_every()
-    if active and stop:
-        where, right = st.columns([6, 1], vertical_alignment="center")
-        stop_button(sess, right)
-    else:
-        where = st.container()
-
-    @st.fragment(run_every=every)
-    def _panel() -> None:
-        with page_lock(sess):  # the job's background steps wait while this draws
-            _panel_body()
-
-    def _panel_body() -> None:
-        if sess.rerun_app and _in_fragment_run():
-            sess.rerun_app = False
-            st.rerun()  # a click inside the strip: every view follows the selected step
-        if _in_fragment_run() and not every / 1.5 < tick_every() < every * 1.5:
-            # a fragment's pace is set only when the whole page runs: run it again, so that
-            # the ticks follow the number of jobs now decoding on this server
-            st.rerun()
-        if runner.job(sess) is not None:
-            _tick(ctx)
-        elif more and _in_fragment_run():
-            try:
-                if not background(True):
-                    st.rerun()  # done: one full run turns the ticking off
-            except runner.Busy:
-                pass
-        j = runner.job(sess)
-        if active and j is None:
-            # the task has ended (in this tick or in its thread): the whole page catches up
-            # before anything is drawn, so its last token never shows beside buttons that are
-            # still disabled for the task (a click there would be lost)
-            st.rerun()
-        if j is not None:
-            frac = min(1.0, j.made / j.total) if j.total else 0.0
-            st.progress(frac, text=j.progress())
-        if body is not None:
-            body()
-
-    with where:
-        _panel()
+    ``stop``: draw Stop beside the progress (Generate draws it among its own buttons)."""
+    if stop and runner.job(ctx.sess) is not None:
+        stop_button(ctx.sess)
+    work.panel(ctx.sess, (runner.RUN, runner.GHOST), body, stop=False)
 
 
 def stop_button(sess: SessionData, where=st, label: str = "Stop", width="stretch") -> None:
-    """Stop (or Pause) for the session's task; draw it outside the ticking fragment."""
+    """Stop (or Pause) for the run's task; drawn outside the panel (``work.stop_button``)."""
     where.button(
         label,
         key="job_stop",
-        on_click=_stop_job,
+        on_click=runner.stop,
         args=(sess,),
         width=width,
         help="Stop after the token being decoded; everything made so far is kept.",
     )
-
-
-def _tick(ctx: PageContext) -> None:
-    sess = ctx.sess
-    try:
-        runner.tick(sess, ctx.settings, status=lambda m: st.spinner(m, show_time=True))
-    except runner.Busy:
-        pass  # another run of this session holds the decoder: try again next tick
-    except Exception as exc:  # the task ends; every completed step is kept
-        runner.stop(sess)
-        sess.error = report(exc, "the running task")
-
-
-def _stop_job(sess: SessionData) -> None:
-    note = runner.stop(sess)
-    if note:
-        sess.notice = note
 
 
 def current_settings() -> Settings:
@@ -371,13 +290,6 @@ def current_settings() -> Settings:
         key = "s_" + f.name
         vals[key] = state[key] if key in state else getattr(stored, f.name)
     return Settings.from_state(vals)
-
-
-def _in_fragment_run() -> bool:
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    c = get_script_run_ctx()
-    return bool(c is not None and c.fragment_ids_this_run)
 
 
 def share_url(ctx: PageContext) -> None:
@@ -440,7 +352,7 @@ def status_line(ctx: PageContext, *, here: bool = False) -> None:
         else:
             st.caption("No run yet: open **Generate**, type a prompt and press **Step**.")
         return
-    tr = dec.trace
+    tr = ctx.trace
     bits = [
         f"model **{escape.markdown(tr.model.get('name', '?'))}**",
         f"{len(tr.prompt_ids)} prompt tokens",

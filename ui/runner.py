@@ -1,25 +1,14 @@
-"""The session's decoder work: build, step, rewind, branch and long jobs, one at a time.
+"""The session's run: build, step, rewind, branch, and the long work that decodes it.
 
-Every change to a session's decoder goes through here, under the session's lock. A decoder
-step or rewind is itself atomic (``Decoder.transaction``): a Streamlit rerun that lands inside
-it leaves the decoder as it was. The lock makes sure two script threads of one session (a
-rerun requested while the previous run is still inside a step) never interleave: the second
-click waits for the step in progress (up to ``WAIT_SECONDS``) and then runs, in order; if the
-wait is longer it is refused with a message. Clicks that would start work while a long job
-runs are refused with a message (press Stop first).
-
-Long work (Run N, Play, Regenerate, a branch, reproducing a linked run, continuing an example)
-is a ``Job``: the page's fragment calls :func:`tick` every half second (longer while many
-jobs run), so the page stays usable and shows the progress. The first tick builds the decoder
-if needed and decodes for about ``TICK_SECONDS``; then a background thread of the job decodes,
-a token at a time under the session's lock, while the page is not drawing
-(``ui.locks.page_lock``), and later ticks only hand it the current settings and draw. The
-run's pace is then the model's, not that of the page's round trips, and a page never waits in
-the model's line to draw (where the server shares forwards, ``SEMVIZ_BATCH_SESSIONS=1``, every
-playing session has a token waiting whenever a forward starts, so their forwards go as one
-batch). The thread stops when the job ends or the page stops ticking (a closed tab) for
-``ORPHAN_SECONDS``; the job's place in the model's line shows in its progress.
-Stop ends a job between two steps and keeps what it made.
+Long work on the run (Step while the prefill runs, Run N, Play, Regenerate, a branch,
+reproducing a linked run, continuing an example) is a :class:`RunTask`, a
+``semviz.tasks.DecodeTask`` run by ``ui.work`` as the session's ``run`` task: its thread is
+the only writer of the run's decoder while it runs, and the pages draw the copy of the trace
+it keeps after each token (``SessionData.view``). So a page never waits for the model and
+holds no lock while it draws. What changes the run from a click (a single Step, Rewind,
+Reset, switching branches, starting a task) runs in the page's own thread, under the
+session's lock (:func:`exclusive`), and is refused with a message while a task runs (press
+Stop first); Step clicks made while a Step task runs are added to it, not lost.
 
 Branches: clicking an alternative token (or regenerating from a step) forks the current
 decoder (``Decoder.fork``: the cache tensors are shared, nothing is re-fed) and switches to
@@ -27,21 +16,22 @@ the fork; the old branch stays in ``branches(sess)`` and switching back is insta
 eviction policy the fork is re-fed token by token instead (one forward per kept step), since
 the policy's state depends on every step's attention.
 
+The what-if ghost (the real continuation under moved sliders) is the session's ``ghost``
+task, decoding a fork of its own.
+
 Nothing here touches the shared model beyond reading it: every session's ``Decoder`` owns
 its cache and seeded generator, so sessions stepping at once never see each other. Model work
 takes its turn in the server's one queue (``server.model_turn``; decode steps through
-``server.step``, which can share a forward between sessions), a token at a time, within the
-server's limits. A failed build (empty prompt, unknown model, prompt too long) raises a
-user error and leaves the session's current run.
+``server.step``, which can share a forward between sessions). A failed build (empty prompt,
+unknown model, prompt too long) raises a user error when the task is started and leaves the
+session's current run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt, token_hex
@@ -49,29 +39,29 @@ from semviz.output import escape
 from semviz.output.style import display_token, piece_text, step_token
 from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
-from ui import kv, server
-from ui.errors import report
-from ui.locks import WAIT_SECONDS, session_lock
+from semviz.tasks import DecodeTask, Edit, Recipe
+from ui import kv, server, work
 from ui.model import get_model
 from ui.state import SessionData, Settings
 
-TICK_SECONDS = 0.35  # decode time per job tick; Stop waits at most this long
-ORPHAN_SECONDS = 5.0  # a job's background decoding stops after this long without a tick
+WAIT_SECONDS = 10.0  # how long a click waits for the change in progress
 MAX_BRANCHES = 8  # branches kept per run (each holds its own KV cache)
 GHOST_TOKENS = 24  # what-if continuation decoded for the ghost text
+RUN, GHOST = "run", "ghost"  # the session's tasks in ``ui.work``
 
 
 class Busy(RuntimeError):
     """The session is busy with other decoder work; the message is one sentence."""
 
 
-# -- the session's lock --------------------------------------------------------------------------
+# -- the session's lock, for the changes a click makes ---------------------------------------------
 
 
 @contextlib.contextmanager
 def exclusive(sess: SessionData, wait: float = WAIT_SECONDS) -> Iterator[None]:
-    """Hold the session's decoder lock; ``Busy`` if another action keeps it for ``wait`` s."""
-    lk = session_lock(sess)
+    """Hold the session's lock for a change to its run; ``Busy`` if another action keeps it
+    for ``wait`` s."""
+    lk = sess.lock
     if not lk.acquire(timeout=wait):
         raise Busy("Still working on the previous action: this click was not applied.")
     try:
@@ -139,34 +129,34 @@ def settings_for_trace(trace: Trace, base: Settings) -> Settings:
 
 def open_trace(sess: SessionData, settings: Settings, trace: Trace, source: str) -> None:
     """Show ``trace`` as the session's run (no model run); ``settings`` are the trace's own."""
+    stop(sess, quiet=True)
     with exclusive(sess):
-        _stop_job(sess)
         _set_root(sess, TraceRun(trace, source, settings.model_name()), settings.run_key())
 
 
 # -- building and stepping -------------------------------------------------------------------------
 
 
-def build_decoder(settings: Settings, params: PruneParams | None = None) -> Decoder:
-    """A fresh decoder for ``settings`` (prefill included). Raises user errors."""
+def builder(settings: Settings, params: PruneParams | None = None) -> Callable[[], Decoder]:
+    """What builds a fresh decoder for ``settings`` (its prefill runs the model, so call it in
+    a model turn). The prompt, model and cache policy are checked now: user errors raise
+    here, before any task starts."""
     lm = get_model(settings.model_name())
     policy = kv.make_policy(settings.kv_policy, settings.kv_budget)
     steps = server.config().cap_steps(settings.max_new_tokens)
     dec_settings = DecodeSettings(seed=int(settings.seed), max_new_tokens=steps, chat=settings.chat)
     ids = server.check_prompt(encode_prompt(lm, settings.prompt, settings.chat))
     params = settings.prune_params() if params is None else params
+    return lambda: Decoder(
+        lm, settings.prompt, params, dec_settings, eviction=policy, prompt_ids=ids
+    )
+
+
+def build_decoder(settings: Settings, params: PruneParams | None = None) -> Decoder:
+    """A fresh decoder for ``settings`` (prefill included). Raises user errors."""
+    make = builder(settings, params)
     with server.model_turn():
-        return Decoder(lm, settings.prompt, params, dec_settings, eviction=policy, prompt_ids=ids)
-
-
-def prefill_message(settings: Settings) -> str:
-    """What the prefill is about to do, for the spinner ("Prefilling 46 tokens…")."""
-    try:
-        lm = get_model(settings.model_name())
-        n = len(encode_prompt(lm, settings.prompt, settings.chat))
-    except Exception:  # the build itself reports the error
-        return "Prefilling the prompt…"
-    return f"Prefilling {n:,} prompt tokens…"
+        return make()
 
 
 def needs_build(sess: SessionData, settings: Settings) -> bool:
@@ -187,7 +177,7 @@ def is_stale(sess: SessionData, settings: Settings) -> bool:
 def ensure_decoder(sess: SessionData, settings: Settings) -> Decoder:
     """The session's decoder, rebuilt when the prompt, model, seed or cache policy changed.
 
-    An example shown without a model is re-fed here in one go; the pages use a job instead
+    An example shown without a model is re-fed here in one go; the pages use a task instead
     (:func:`start`) so that the re-feed shows its progress.
     """
     with exclusive(sess):
@@ -204,8 +194,7 @@ def ensure_decoder(sess: SessionData, settings: Settings) -> Decoder:
 
 def step(sess: SessionData, settings: Settings, n: int = 1) -> int:
     """Decode up to ``n`` tokens with the current sliders; returns how many were made."""
-    if job(sess) is not None:
-        raise Busy("A run is in progress: press Stop first.")
+    _refuse_while_running(sess)
     dec = ensure_decoder(sess, settings)
     with exclusive(sess):
         dec.params = settings.prune_params()
@@ -218,16 +207,17 @@ def step(sess: SessionData, settings: Settings, n: int = 1) -> int:
 
 def reset(sess: SessionData, settings: Settings) -> None:
     """Start over: a new decoder from the current settings (prefill only)."""
+    make = builder(settings)  # a user error leaves the run and its task as they are
+    stop(sess, quiet=True)
     with exclusive(sess):
-        dec = build_decoder(settings)
-        _stop_job(sess)
+        with server.model_turn():
+            dec = make()
         _set_root(sess, dec, settings.run_key())
 
 
 def rewind(sess: SessionData, settings: Settings, k: int) -> None:
     """Keep the first ``k`` steps; the next step continues with the current sliders."""
-    if job(sess) is not None:
-        raise Busy("A run is in progress: press Stop first.")
+    _refuse_while_running(sess)
     with exclusive(sess):
         dec = sess.decoder
         if dec is None:
@@ -241,6 +231,7 @@ def rewind(sess: SessionData, settings: Settings, k: int) -> None:
                 dec.rewind(int(k), settings.prune_params())
         sess.selected = None
         sess.replay_memo.pop("whatif", None)
+        ghost_stop(sess)
 
 
 def _set_root(sess: SessionData, dec: Any, run_key: tuple) -> None:
@@ -248,7 +239,7 @@ def _set_root(sess: SessionData, dec: Any, run_key: tuple) -> None:
     sess.selected = None
     sess.branches, sess.branch = [Branch(dec, None, 0, "the run")], 0
     sess.replay_memo.pop("whatif", None)
-    sess.ghost = None
+    ghost_stop(sess)
 
 
 def _example_tokens(sess: SessionData, settings: Settings) -> list[int]:
@@ -292,8 +283,7 @@ def current_branch(sess: SessionData) -> int:
 
 def switch_branch(sess: SessionData, i: int) -> None:
     """Show branch ``i``; instant (its decoder and cache were kept)."""
-    if job(sess) is not None:
-        raise Busy("A run is in progress: press Stop first.")
+    _refuse_while_running(sess)
     with exclusive(sess):
         bs = branches(sess)
         if not 0 <= i < len(bs):
@@ -302,7 +292,7 @@ def switch_branch(sess: SessionData, i: int) -> None:
         sess.decoder = bs[i].decoder
         sess.selected = bs[i].at if bs[i].at < bs[i].decoder.n_steps else None
         sess.replay_memo.pop("whatif", None)
-        sess.ghost = None
+        ghost_stop(sess)
 
 
 def _add_branch(sess: SessionData, dec: Any, at: int, note: str) -> None:
@@ -317,7 +307,7 @@ def _add_branch(sess: SessionData, dec: Any, at: int, note: str) -> None:
     sess.branch = len(bs) - 1
     sess.decoder = dec
     sess.replay_memo.pop("whatif", None)
-    sess.ghost = None
+    ghost_stop(sess)
 
 
 def _fork_at(sess: SessionData, settings: Settings, k: int) -> tuple[Any, list[int], bool]:
@@ -325,7 +315,7 @@ def _fork_at(sess: SessionData, settings: Settings, k: int) -> tuple[Any, list[i
 
     Without eviction: a fork of the current decoder rewound to ``k`` (the cache is cropped,
     nothing is re-fed). With eviction, or from an example: the first ``k`` steps shown as a
-    recorded run until the job has built a fresh decoder (prefill) and re-fed them, one
+    recorded run until the task has built a fresh decoder (prefill) and re-fed them, one
     forward per token (the eviction policy's state depends on every step).
     """
     cur = sess.decoder
@@ -349,9 +339,8 @@ def _rewind_in_turn(dec: Decoder, k: int, params: PruneParams) -> None:
 
 
 def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) -> None:
-    """Take ``token_id`` at step ``k`` instead and decode on to the old length (a job)."""
-    if job(sess) is not None:
-        raise Busy("A run is in progress: press Stop first.")
+    """Take ``token_id`` at step ``k`` instead and decode on to the old length (a task)."""
+    _refuse_while_running(sess)
     with exclusive(sess):
         cur = sess.decoder
         if cur is None or not 0 <= k < cur.n_steps:
@@ -359,23 +348,24 @@ def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) ->
         old = cur.trace.steps[k]
         if int(token_id) == old.token_id:
             raise ValueError(f"Step {k} already took that token.")
-        n_old, base_params = cur.n_steps, cur.params
+        n_old, base = cur.n_steps, cur.params
+        make = builder(settings, base) if _refed(cur) else None  # user errors first
         dec, forced, build = _fork_at(sess, settings, k)
         label = _label(cur, token_id)
-        was = step_token(old)
-        _add_branch(sess, dec, k, f"{display_token(label)} at step {k} (was {was})")
+        _add_branch(sess, dec, k, f"{display_token(label)} at step {k} (was {step_token(old)})")
         sess.selected = k
         shown = escape.markdown(display_token(label))  # the label is shown as markdown
-        _start(
+        _begin(
             sess,
-            Job(
+            RunTask(
                 "branch",
-                f"Branching at step {k} with {shown}",
-                forced=[*forced, int(token_id)],
-                recorded=len(forced),
-                sample=max(0, n_old - k - 1),
-                build=build,
-                params=base_params,
+                decoder=None if build else dec,
+                build=make,
+                recipe=Recipe(base, (Edit(k, token=int(token_id)),)),
+                refeed=forced,
+                sample=n_old - k,
+                params=settings.prune_params(),
+                label=f"Branching at step {k} with {shown}",
                 select=k,
             ),
         )
@@ -383,10 +373,9 @@ def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) ->
 
 def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None = None) -> None:
     """A new branch: rewind to step ``k`` with the current sliders and decode ``n`` steps
-    (default: as many as there were), streamed as a job. The old branch is kept; a ghost
+    (default: as many as there were), as a task. The old branch is kept; a ghost
     continuation already decoded for these sliders is taken over, not decoded again."""
-    if job(sess) is not None:
-        raise Busy("A run is in progress: press Stop first.")
+    _refuse_while_running(sess)
     with exclusive(sess):
         cur = sess.decoder
         if cur is None:
@@ -394,33 +383,35 @@ def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None
         total = cur.n_steps
         k = max(0, min(int(k), total))
         n = max(1, total - k) if n is None else int(n)
+        params = settings.prune_params()
         g = sess.ghost
-        if (
-            g is not None
-            and g.at == k
-            and g.params == settings.prune_params()
-            and g.decoder is not None
-            and not g.forced
-        ):
-            dec, forced, build = g.decoder, [], False
+        if g is not None and g.at == k and g.params == params and g.taken_over():
+            dec, forced, build, make = g.task.decoder, [], False, None
         else:
+            make = builder(settings, cur.params) if _refed(cur) else None
             dec, forced, build = _fork_at(sess, settings, k)
         made = dec.n_steps - k if not build else 0
         _add_branch(sess, dec, k, f"regenerated from step {k}")
         sess.selected = k
-        _start(
+        _begin(
             sess,
-            Job(
+            RunTask(
                 "regenerate",
-                f"Regenerating from step {k}",
-                forced=forced,
-                recorded=len(forced),
+                decoder=None if build else dec,
+                build=make,
+                recipe=Recipe(cur.params),
+                refeed=forced,
                 sample=max(0, n - made),
-                build=build,
-                params=cur.params,
+                params=params,
+                label=f"Regenerating from step {k}",
                 select=k,
             ),
         )
+
+
+def _refed(dec: Any) -> bool:
+    """A branch of ``dec`` is a fresh decoder that re-feeds the steps before it."""
+    return isinstance(dec, TraceRun) or dec.eviction is not None
 
 
 def branch_tokens(sess: SessionData) -> tuple[int, list[int]] | None:
@@ -445,88 +436,54 @@ def _label(dec: Any, token_id: int) -> str:
         return str(token_id)
 
 
-# -- jobs ------------------------------------------------------------------------------------------
+# -- the run's task --------------------------------------------------------------------------------
 
 
-@dataclass
-class Job:
-    """Decoder work that takes longer than a click: re-feed ``forced`` tokens, then sample
-    ``sample`` more (None: until stopped or done)."""
+class RunTask(DecodeTask):
+    """A ``DecodeTask`` as Generate runs it.
 
-    kind: str  # step, run, play, regenerate, branch, reproduce, continue
-    label: str
-    forced: list[int] = field(default_factory=list)
-    recorded: int = 0  # how many of ``forced`` are recorded tokens (decoded with ``params``)
-    sample: int | None = 0
-    build: bool = False  # build a new decoder (prefill) first
-    params: PruneParams | None = None  # for the re-fed tokens (default: the current sliders)
-    select: int | None = None  # step to select when the job ends
-    made: int = 0
-    sampled: int = 0
-    seconds: float = 0.0  # decode time so far, for the estimate
-    total: int | None = None
-    target: int | None = None  # the run's length once the job is done (Play: the run's cap)
-    takes: dict[int, int] = field(default_factory=dict)  # step -> token taken, not sampled
-    sample_params: PruneParams | None = None  # for the sampled tokens (default: the sliders)
-    started: float = field(default_factory=time.perf_counter)
-    # background decoding between ticks: the latest tick's settings and time, its thread,
-    # and the error that ended it (raised by the next tick)
-    settings: Any = None
-    seen: float = 0.0
-    worker: threading.Thread | None = None
-    error: BaseException | None = None
-    place: Any = None  # where its next token waits in the model's line (None: not waiting)
+    ``kind``: step, run, play, reproduce, branch or regenerate. ``select``: the step to select
+    when it ends. ``target``: the run's length once it is done, for a link written while it
+    runs (a reload reproduces all it will make). ``live``: new tokens follow the sliders as
+    they move (not for a link, which follows the settings it was recorded at).
+    ``run_key``: the settings a decoder it builds is for.
+    """
 
-    def __post_init__(self) -> None:
-        if self.total is None and self.sample is not None:
-            self.total = len(self.forced) + self.sample
+    def __init__(
+        self,
+        kind: str,
+        *,
+        select: int | None = None,
+        target: int | None = None,
+        live: bool = True,
+        run_key: tuple | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(**kw)
+        self.kind, self.select, self.target, self.live = kind, select, target, live
+        self.run_key = run_key
+        self.installed = self.decoder is not None  # the session shows its decoder
+        self.quiet = False  # stopped by Reset or a new run: nothing to tell
 
-    def eta(self) -> float | None:
-        """Seconds left at the pace so far (None before the first token or when open-ended)."""
-        if self.total is None or self.made == 0:
-            return None
-        return (self.total - self.made) * self.seconds / self.made
-
-    def progress(self) -> str:
-        phase = "re-feeding the recorded tokens" if self.forced else "decoding"
-        p = self.place
-        if p is not None and p.waited >= server.SHOW_WAIT_AFTER:
-            phase += f"; in the model's line, {server.turns_before(p)}"
-        if self.total is None:
-            return f"{self.label}: {self.made} tokens ({phase})"
-        eta = self.eta()
-        left = f" · about {eta:.0f} s left" if eta is not None and eta >= 0.5 else ""
-        return f"{self.label}: {self.made} / {self.total} tokens ({phase}){left}"
-
-    def wait_at(self, place: Any) -> None:
-        """Keep where the job's next token waits in the model's line (None: it has its turn)."""
-        self.place = place
-
-
-def job(sess: SessionData) -> Job | None:
-    return sess.job
-
-
-def _start(sess: SessionData, j: Job) -> None:
-    if j.total is not None:  # a fresh decoder starts at step 0; a fork at its own length
-        j.target = j.total + (0 if j.build or sess.decoder is None else sess.decoder.n_steps)
-    sess.job = j
-
-
-def add_step(sess: SessionData, n: int = 1) -> bool:
-    """``n`` more tokens for a running Step job (True), so Steps clicked while the first
-    click's prefill runs are queued, not lost; False when no Step job runs."""
-    with exclusive(sess):
-        j = job(sess)
-        if j is None or j.kind != "step" or j.total is None:
+    def extend(self, n: int) -> bool:
+        if not super().extend(n):
             return False
-        j.sample, j.total, j.target = j.sample + n, j.total + n, (j.target or 0) + n
+        self.target = None if self.target is None else self.target + int(n)
         return True
 
 
-def _stop_job(sess: SessionData) -> Job | None:
-    j, sess.job = sess.job, None
-    return j
+def job(sess: SessionData) -> RunTask | None:
+    """The session's running task on its run (None when there is none)."""
+    return work.task(sess, RUN)
+
+
+def _refuse_while_running(sess: SessionData) -> None:
+    """A click's change to the run waits for no task: it is refused while one runs, and
+    acts on the run an ended one made (kept here, as the click's callback comes before the
+    page's refresh)."""
+    work.keep_ended(sess, RUN)
+    if job(sess) is not None:
+        raise Busy("A run is in progress: press Stop first.")
 
 
 def start(
@@ -538,16 +495,15 @@ def start(
     takes: dict[int, int] | None = None,
     sample_params: PruneParams | None = None,
 ) -> None:
-    """Start Step (``n`` 1: a first Step, whose prefill is a job) / Run ``n`` / Play (``n``
-    None) / reproduce ``n`` steps of a link, as a job.
+    """Start Step (``n`` 1: a first Step, whose prefill is a task) / Run ``n`` / Play (``n``
+    None) / reproduce ``n`` steps of a link, as a task.
 
-    Builds the decoder first when needed (its prefill is the job's first tick), and re-feeds
+    Builds the decoder first when needed (its prefill is the task's first unit), and re-feeds
     an example's recorded tokens before sampling new ones. A link's run takes ``takes``
     (step -> token: a branch's tokens) where it would sample, and samples with
     ``sample_params`` (the settings it was recorded at) instead of the sliders.
     """
-    if job(sess) is not None:
-        raise Busy("A run is in progress: press Stop first.")
+    _refuse_while_running(sess)
     with exclusive(sess):
         build = needs_build(sess, settings)
         forced = _example_tokens(sess, settings) if build else []
@@ -564,201 +520,94 @@ def start(
         label = labels.get(kind, kind)
         if forced:
             label = f"Continuing the example ({len(forced)} recorded tokens first)"
-        params = sess.decoder.params if forced else None
-        j = Job(
-            kind,
-            label,
-            forced=forced,
-            recorded=len(forced),
-            sample=n,
-            build=build,
-            params=params or sample_params,
-            takes=dict(takes or {}),
-            sample_params=sample_params,
-        )
+        sliders = settings.prune_params()
+        base = sess.decoder.params if forced else (sample_params or sliders)
+        make = builder(settings, base) if build else None  # user errors raise here
+        edits = tuple(Edit(k, token=t) for k, t in sorted((takes or {}).items()))
         if kind == "play":  # Play ends at the run's length: a reload during it goes on to there
-            j.target = (
-                server.config().cap_steps(settings.max_new_tokens)
-                if build
-                else sess.decoder.settings.max_new_tokens
-            )
-        _start(sess, j)
-
-
-def stop(sess: SessionData) -> str | None:
-    """Stop the job between two steps; what it made is kept. Returns what to tell the user."""
-    with exclusive(sess):
-        j = _stop_job(sess)
-    if j is None:
-        return None
-    return f"{j.label}: stopped after {j.made} tokens; they are kept."
-
-
-def tick(
-    sess: SessionData,
-    settings: Settings,
-    seconds: float = TICK_SECONDS,
-    *,
-    status: Callable[[str], contextlib.AbstractContextManager] | None = None,
-) -> bool:
-    """Advance the job for about ``seconds`` (at least one token) until its background
-    thread decodes; True once it has ended.
-
-    Once that thread decodes, a tick only hands it the current settings and keeps it alive:
-    the page then draws without waiting for the model, whose line may be long on a shared
-    server (a tick that waited there held the page for seconds, and the browser redrew its
-    place in line every quarter second).
-
-    ``status(message)`` wraps the prefill (the page shows a spinner with the message).
-    Errors end the job and propagate; the decoder keeps every completed step.
-    """
-    j = job(sess)
-    if j is None:
-        return True
-    j.settings, j.seen = settings, time.monotonic()
-    if j.error is None and j.worker is not None and j.worker.is_alive():
-        return False
-    with exclusive(sess):
-        if j.error is not None:  # the background decoding failed: the job ends with it
-            _stop_job(sess)
-            raise j.error
-        if j.build:
-            wrap = status(prefill_message(settings)) if status else contextlib.nullcontext()
-            t0 = time.perf_counter()
-            built: list[Decoder] = []
-            try:
-                with wrap:
-                    built.append(build_decoder(settings, j.params))
-            except Exception:  # a user error (empty prompt, unknown model): the job ends
-                _stop_job(sess)
-                raise
-            finally:
-                # a rerun (a click) can end the script at the spinner: the job goes on, with
-                # the decoder if it was built, else the next tick builds it
-                if built:
-                    _install(sess, j, built[0], settings)
-            j.seconds += time.perf_counter() - t0
-            seconds = max(0.0, seconds - (time.perf_counter() - t0))  # and the first token
-        if _advance(sess, settings, j, seconds):
-            return True
-    if j.worker is None or not j.worker.is_alive():
-        j.worker = threading.Thread(
-            target=_background, args=(sess, j), name="semviz-job", daemon=True
+            cap = sess.decoder.settings.max_new_tokens if not build else None
+            target = cap or server.config().cap_steps(settings.max_new_tokens)
+        else:
+            target = n + len(forced) + (0 if build else sess.decoder.n_steps)
+        live = sample_params is None
+        t = RunTask(
+            kind,
+            decoder=None if build else sess.decoder,
+            build=make,
+            recipe=Recipe(base, edits),
+            refeed=forced,
+            sample=n,
+            params=sliders if live else None,
+            label=label,
+            target=target,
+            live=live,
+            run_key=settings.run_key(),
         )
-        j.worker.start()
+        _begin(sess, t)
+
+
+def _begin(sess: SessionData, t: RunTask) -> None:
+    ghost_stop(sess)
+    work.start(sess, RUN, t, on_tick=lambda task, error: _keep(sess, task, error))
+
+
+def _keep(sess: SessionData, t: RunTask, error: str | None) -> None:
+    """After each rerun of the panel: the decoder the task built becomes the run (or the
+    branch's), the pages draw the task's latest copy of the trace, and its end is told."""
+    if not t.installed and t.decoder is not None:
+        t.installed = True
+        if t.kind in ("branch", "regenerate"):  # the fresh decoder replaces the placeholder
+            branches(sess)[current_branch(sess)].decoder = t.decoder
+            sess.decoder = t.decoder
+        else:
+            _set_root(sess, t.decoder, t.run_key)
+    sess.view = t.latest if not t.finished and t.installed else None
+    if not t.finished:
+        return
+    dec = t.decoder
+    if error is not None:
+        sess.error = error
+        work.slot(sess, RUN).error = None  # shown once, by the page's header
+    if dec is None:
+        return
+    sess.selected = t.select if t.select is not None and t.select < dec.n_steps else None
+    if t.stopped and not t.quiet:
+        sess.notice = f"{t.label}: stopped after {t.made} tokens; they are kept."
+    elif dec.done and t.kind not in ("step", "play", "run") and not t.stopped:
+        sess.notice = f"{t.label}: done ({dec.n_steps} steps, stopped: {dec.stop_reason})."
+
+
+def follow(sess: SessionData, params: PruneParams | None) -> None:
+    """The sliders as they are now, for the tokens a running task decodes next."""
+    t = job(sess)
+    if t is not None and t.live and params is not None:
+        t.params = params
+
+
+def add_step(sess: SessionData, n: int = 1) -> bool:
+    """``n`` more tokens for a running Step task (True), so Steps clicked while the first
+    click's prefill runs are queued, not lost; False when no Step task runs (one that has
+    just taken its last token is waited for, so the click steps on from it)."""
+    work.keep_ended(sess, RUN)
+    s = work.slot(sess, RUN)
+    t = job(sess)
+    if t is None or t.kind != "step":
+        return False
+    if t.extend(n):
+        return True
+    if s.thread is not None:
+        s.thread.join(WAIT_SECONDS)
+    work.tick(s)  # its end is kept: the run is the one it made
     return False
 
 
-def _install(sess: SessionData, j: Job, dec: Decoder, settings: Settings) -> None:
-    """The decoder a job has built becomes the run (or, for a branch, the branch's)."""
-    j.build = False
-    if j.kind in ("branch", "regenerate"):  # the fresh decoder replaces the placeholder
-        bs = branches(sess)
-        bs[current_branch(sess)].decoder = dec
-        sess.decoder = dec
-    else:
-        _set_root(sess, dec, settings.run_key())
-        sess.job = j
-
-
-def background_jobs() -> int:
-    """How many jobs are decoding in the background on this server now."""
-    return sum(t.name == "semviz-job" and t.is_alive() for t in threading.enumerate())
-
-
-def _background(sess: SessionData, j: Job) -> None:
-    """Decode ``j`` a token at a time while it is the session's job and the page ticks.
-
-    Each token holds the session's lock, which a page holds while it draws
-    (``ui.locks.page_lock``), so a page never sees a step half made; between two tokens the lock
-    is let go, and a click or a page waiting for it goes first.
-    """
-    lk = session_lock(sess)
-    dec = sess.decoder
-    while job(sess) is j and time.monotonic() - j.seen < ORPHAN_SECONDS:
-        with _turn_then_lock(sess, j, lk) as held:
-            if not held:
-                continue
-            try:
-                if job(sess) is not j or sess.decoder is not dec:
-                    return
-                if _advance(sess, j.settings, j, 0.0):  # one token
-                    return
-            except Exception as exc:  # the next tick ends the job and shows it
-                j.error = exc
-                return
-            finally:
-                lk.release()
-        time.sleep(0.002)  # a thread waiting for the lock gets it now
-
-
-@contextlib.contextmanager
-def _turn_then_lock(sess: SessionData, j: Job, lk: threading.RLock) -> Iterator[bool]:
-    """For one background token: wait in the model's line first and only then take the
-    session's lock (yields whether it got it; the caller releases it).
-
-    Waiting in line while holding the lock would keep the page from drawing for as long as
-    the line is (seconds on a shared server). The page holds the lock only to draw, so once
-    the turn is held the lock comes soon; if it does not come at once and others wait for the
-    model, they go first. Where sessions share forwards the turn is taken inside the step, as
-    one batch, so there the lock is taken first.
-    """
-    if server.config().batch_sessions:
-        yield lk.acquire(timeout=0.5)
-        return
-    with server.model_turn(j.wait_at) as turn:
-        deadline = time.monotonic() + 0.5
-        while not lk.acquire(timeout=0.02):
-            if time.monotonic() > deadline or job(sess) is not j:
-                yield False
-                return
-            turn.let_others()
-        yield True
-
-
-def _advance(sess: SessionData, settings: Settings, j: Job, seconds: float) -> bool:
-    dec = sess.decoder
-    t0 = time.perf_counter()
-    ended = _decode_for(dec, j, settings.prune_params(), t0 + seconds)
-    j.seconds += time.perf_counter() - t0
-    if not ended:
-        return False
-    _stop_job(sess)
-    sess.selected = j.select if j.select is not None and j.select < dec.n_steps else None
-    if dec.done and j.kind not in ("step", "play", "run"):
-        sess.notice = f"{j.label}: done ({dec.n_steps} steps, stopped: {dec.stop_reason})."
-    return True
-
-
-def _decode_for(dec: Any, j: Job, params: PruneParams, until: float) -> bool:
-    """Step ``j`` until the clock reaches ``until`` (False) or the job has ended (True).
-
-    Each token takes its own place in the server's line (``server.step``), so a waiting
-    session goes between two tokens, and sessions stepping at once share forwards.
-    """
-    while True:
-        if j.forced:
-            # recorded tokens are re-fed with the settings they were made with; a branch's
-            # new token is taken under the current sliders
-            recorded = j.params is not None and j.made < j.recorded
-            dec.params = j.params if recorded else params
-            rec = server.step(dec, force_token=j.forced[0], waiting=j.wait_at)
-            if rec is not None:
-                j.forced.pop(0)
-        elif j.sample is None or j.sampled < j.sample:
-            dec.params = params if j.sample_params is None else j.sample_params
-            rec = server.step(dec, force_token=j.takes.get(dec.n_steps), waiting=j.wait_at)
-            if rec is not None:
-                j.sampled += 1
-        else:
-            rec = None
-        if rec is None:
-            return True
-        j.made += 1
-        if dec.done or (not j.forced and j.sample is not None and j.sampled >= j.sample):
-            return True  # that was the last token: the job ends now, not at the next call
-        if time.perf_counter() >= until:
-            return False
+def stop(sess: SessionData, *, quiet: bool = False) -> None:
+    """Stop the run's task between two tokens; what it made is kept (and told, unless
+    ``quiet``: Reset or a new run follows)."""
+    t = job(sess)
+    if t is not None:
+        t.quiet = quiet
+        work.stop(sess, RUN)
 
 
 # -- what-if ghost text ---------------------------------------------------------------------------
@@ -767,96 +616,95 @@ def _decode_for(dec: Any, j: Job, params: PruneParams, until: float) -> bool:
 @dataclass
 class Ghost:
     """The real continuation under the current sliders from the first changed step ``at``,
-    decoded for up to ``target`` tokens and shown as ghost text.
+    decoded for up to ``target`` tokens and shown as ghost text; the session's ``ghost``
+    task decodes it.
 
     From a live run it is a fork rewound to ``at`` (nothing re-fed). From an example (no
     model yet) or under a KV eviction policy, a fresh decoder first re-feeds the ``at``
-    recorded tokens (``forced``) with the run's own settings (``base``).
+    recorded tokens with the run's own settings.
     """
 
     at: int
     params: PruneParams
     key: tuple
-    decoder: Any
+    task: DecodeTask | None
     target: int
-    forced: list[int] = field(default_factory=list)
-    base: PruneParams | None = None
-    settings: Settings | None = None
     error: str | None = None  # why it could not be decoded (no model, bad settings)
 
     @property
+    def trace(self) -> Trace | None:
+        """The continuation's trace so far (a copy)."""
+        return None if self.task is None else self.task.latest
+
+    @property
+    def refeeding(self) -> bool:
+        t = self.task
+        return t is not None and (t.decoder is None or bool(t.refeed))
+
+    @property
     def tokens(self) -> list[int]:
-        if self.decoder is None or self.forced:
+        tr = self.trace
+        if tr is None or self.refeeding:
             return []
-        return self.decoder.trace.token_ids[self.at :]
+        return tr.token_ids[self.at :]
 
     @property
     def complete(self) -> bool:
-        if self.error is not None:
-            return True
-        if self.decoder is None or self.forced:
-            return False
-        return self.decoder.done or len(self.tokens) >= self.target
+        return self.error is not None or self.task is None or self.task.finished
+
+    def taken_over(self) -> bool:
+        """Its decoder can become a branch: decoded from a fork, and done."""
+        t = self.task
+        return t is not None and t.finished and not self.refeeding and self.error is None
 
 
 def ghost(
     sess: SessionData, settings: Settings, params: PruneParams, at: int | None
 ) -> Ghost | None:
-    """The session's ghost continuation for the what-if first changed at step ``at`` (made
+    """The session's ghost continuation for the what-if first changed at step ``at`` (started
     afresh when the sliders or the run changed); None when there is nothing to show."""
     dec = sess.decoder
     if at is None or dec is None or at > dec.n_steps:
-        sess.ghost = None
+        ghost_stop(sess)
         return None
     key = (id(dec), id(dec.trace), dec.n_steps, at, params)
     g = sess.ghost
     if g is not None and g.key == key:
         return g
+    ghost_stop(sess)
     target = min(GHOST_TOKENS, max(1, dec.n_steps - at))
-    if isinstance(dec, TraceRun) or dec.eviction is not None:
-        g = Ghost(
-            at,
-            params,
-            key,
-            None,
-            target,
-            forced=list(dec.trace.token_ids[:at]),
-            base=dec.params,
-            settings=settings,
-        )
-    else:
-        with exclusive(sess):
-            f = dec.fork()
-            _rewind_in_turn(f, at, params)
-        g = Ghost(at, params, key, f, target)
-    sess.ghost = g
+    g = sess.ghost = Ghost(at, params, key, None, target)
+    try:
+        if _refed(dec):
+            t = DecodeTask(
+                build=builder(settings, dec.params),
+                recipe=Recipe(dec.params),
+                refeed=list(dec.trace.token_ids[:at]),
+                sample=target,
+                params=params,
+                label="the what-if continuation",
+            )
+        else:
+            with exclusive(sess):
+                f = dec.fork()
+                _rewind_in_turn(f, at, params)
+            t = DecodeTask(f, Recipe(params), sample=target, label="the what-if continuation")
+    except Exception as exc:  # the ghost says why; the run itself is not touched
+        from ui.errors import report
+
+        g.error = report(exc, "the what-if continuation")
+        return g
+    g.task = t
+    work.start(sess, GHOST, t, on_tick=lambda task, error: _ghost_kept(g, error))
     return g
 
 
-def ghost_tick(sess: SessionData, seconds: float = TICK_SECONDS) -> bool:
-    """Decode more of the ghost continuation; True once it is complete."""
-    g = sess.ghost
-    if g is None or g.complete:
-        return True
-    with exclusive(sess):
-        t0 = time.perf_counter()
-        try:
-            _ghost_steps(g, t0, seconds)
-        except Exception as exc:  # the ghost says why; the run itself is not touched
-            g.error = report(exc, "the what-if continuation")
-    return g.complete
+def _ghost_kept(g: Ghost, error: str | None) -> None:
+    if error is not None:
+        g.error = error
 
 
-def _ghost_steps(g: Ghost, t0: float, seconds: float) -> None:
-    if g.decoder is None:
-        g.decoder = build_decoder(g.settings, g.base)
-    while not g.complete and time.perf_counter() - t0 < seconds:
-        if g.forced:
-            g.decoder.params = g.base
-            if server.step(g.decoder, force_token=g.forced[0]) is None:
-                break
-            g.forced.pop(0)
-        else:
-            g.decoder.params = g.params
-            if server.step(g.decoder) is None:
-                break
+def ghost_stop(sess: SessionData) -> None:
+    """The what-if continuation goes (its task stops, quietly): a new run, or no what-if."""
+    work.stop(sess, GHOST)
+    sess.ghost = None

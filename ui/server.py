@@ -336,19 +336,44 @@ def check_prompt(ids: list[int]) -> list[int]:
 # -- the model queue -------------------------------------------------------------------------------
 
 
-def _owner() -> str:
+def owner() -> str:
+    """Who waits in the model's line: this session (a thread without one: the thread)."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-    ctx = get_script_run_ctx(suppress_warning=True)  # a job's thread has none
+    ctx = get_script_run_ctx(suppress_warning=True)  # a task's thread has none
     return ctx.session_id if ctx is not None else f"thread-{threading.get_ident()}"
 
 
-def turns() -> Any:
-    """This session's place in the model's line, for a task's model calls
-    (``semviz.tasks.Turns``)."""
+def turns(
+    who: str | None = None,
+    *,
+    waiting: Callable[[Place | None], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Any:
+    """The place in the model's line of session ``who`` (default this one) for a task's
+    model calls (``semviz.tasks.Turns``): its turns keep the session from being swept, and
+    its decode steps share forwards with other sessions' (:func:`step`). ``waiting`` is told
+    each place while in line (a task's thread draws nothing; its panel shows the place)."""
     from semviz.tasks import Turns
 
-    return Turns(_owner(), QUEUE)
+    class _Turns(Turns):
+        @contextlib.contextmanager
+        def turn(self):
+            from ui import sessions
+
+            with sessions.busy(self.owner), super().turn() as t:
+                yield t
+
+        def step(self, dec: Any, force_token: int | None = None) -> Any:
+            return step(dec, force_token, waiting=self._place, who=self.owner)
+
+        def _place(self, place: Place | None) -> None:
+            if place is not None:
+                self._waiting(place)  # leaves the line with Stopped on a stop request
+            elif self.on_wait is not None:
+                self.on_wait(None)
+
+    return _Turns(who or owner(), QUEUE, should_stop=should_stop, on_wait=waiting)
 
 
 def wait_text(place: Place) -> str:
@@ -385,19 +410,21 @@ GATHER = Gather(QUEUE, _feed)  # the sessions' decode steps, fed together
 
 
 def _on_wait(
-    owner: str, waiting: Callable[[Place | None], None] | None = None
+    who: str, waiting: Callable[[Place | None], None] | None = None
 ) -> tuple[Callable[[Place], None], list]:
     """A waiting callback that shows the page's place in line once it has waited a while,
-    and the slot it draws in (empty until then). ``waiting(place)`` is told every place too
-    (a job's thread, which draws nothing, keeps it for the page's next tick)."""
+    and the slot it draws in (empty until then). ``waiting(place)`` is told every place too;
+    a task's thread, which has no page to draw in, only tells ``waiting``."""
     import streamlit as st
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     slot: list = []
+    draws = get_script_run_ctx(suppress_warning=True) is not None
 
     def on_wait(place: Place) -> None:
         if waiting is not None:
             waiting(place)
-        if place.waited < SHOW_WAIT_AFTER or owner.startswith("thread-"):
+        if place.waited < SHOW_WAIT_AFTER or not draws:
             return
         if not slot:
             slot.append(st.empty())
@@ -407,8 +434,11 @@ def _on_wait(
 
 
 @contextlib.contextmanager
-def model_turn(waiting: Callable[[Place | None], None] | None = None) -> Iterator[_Shown]:
-    """Hold the model's turn for this session's work, waiting in line if others hold it.
+def model_turn(
+    waiting: Callable[[Place | None], None] | None = None, who: str | None = None
+) -> Iterator[_Shown]:
+    """Hold the model's turn for session ``who``'s work (default this one), waiting in line
+    if others hold it.
 
     While it waits longer than ``SHOW_WAIT_AFTER`` the page shows its place (where the call
     is made: at the top of the page from a button's callback, in place inside a fragment).
@@ -416,9 +446,9 @@ def model_turn(waiting: Callable[[Place | None], None] | None = None) -> Iterato
     """
     from ui import sessions
 
-    owner = _owner()
-    on_wait, slot = _on_wait(owner, waiting)
-    with sessions.busy(owner), QUEUE.turn(owner, on_wait=on_wait) as turn:
+    who = who or owner()
+    on_wait, slot = _on_wait(who, waiting)
+    with sessions.busy(who), QUEUE.turn(who, on_wait=on_wait) as turn:
         if waiting is not None:
             waiting(None)
         if slot:
@@ -431,9 +461,10 @@ def step(
     force_token: int | None = None,
     *,
     waiting: Callable[[Place | None], None] | None = None,
+    who: str | None = None,
 ) -> Any:
     """One ``dec.step()`` in the model's line (its forward shared with other sessions' when
-    ``batch_sessions`` is on).
+    ``batch_sessions`` is on), for session ``who`` (default this one).
 
     With ``batch_sessions`` on, the decoder's token is handed to the line's gatherer: the
     sessions that want a token at the same moment are fed as rows of one batched forward
@@ -444,18 +475,18 @@ def step(
     """
     from ui import sessions
 
+    who = who or owner()
     if dec.can_share and config().batch_sessions:
-        owner = _owner()
-        on_wait, slot = _on_wait(owner, waiting)
-        with sessions.busy(owner):
-            GATHER.submit(dec, owner, on_wait=on_wait)
+        on_wait, slot = _on_wait(who, waiting)
+        with sessions.busy(who):
+            GATHER.submit(dec, who, on_wait=on_wait)
         if waiting is not None:
             waiting(None)
         if slot:
             slot[0].empty()
     if dec.fed or dec.done:  # the step runs no model: no turn needed
         return dec.step(force_token=force_token)
-    with model_turn(waiting):
+    with model_turn(waiting, who):
         return dec.step(force_token=force_token)
 
 

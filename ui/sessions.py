@@ -87,6 +87,9 @@ UNSEEN = ("selected", "error")  # reset too, but not worth a notice
 def drop_run(sess: Any, why: str) -> bool:
     """Free what the session's run and pages hold (a ``ui.state.SessionData``); keep its
     settings, its lock and what its link asked for. True if there was anything."""
+    for slot in list(getattr(sess, "tasks", {}).values()):
+        if slot.task is not None:
+            slot.task.stop()  # its thread ends after the unit in progress; nothing is kept
     fresh = type(sess)()
     had = False
     for f in dataclasses.fields(sess):

@@ -234,7 +234,7 @@ class Link:
 class SessionData:
     """What one browser session owns. Lives at ``st.session_state["semviz"]``.
 
-    The run (``decoder``, ``branches``, ``job``, ``ghost``) changes only through
+    The run (``decoder``, ``branches``, ``ghost``, ``view``) changes only through
     ``ui.runner``; the pages' own results and caches have a field each.
     """
 
@@ -243,8 +243,8 @@ class SessionData:
     run_key: tuple | None = None  # Settings.run_key() the decoder was built for
     branches: list = field(default_factory=list)  # ui.runner.Branch, the run itself first
     branch: int = 0  # the branch on show
-    job: Any = None  # ui.runner.Job: the long task running now
     ghost: Any = None  # ui.runner.Ghost: the what-if continuation
+    view: Any = None  # the trace as the run's task last kept it, while the task runs
     # what the user sees of it
     selected: int | None = None  # selected step index (None: the latest)
     error: str | None = None  # last user-facing error, shown until the next success
@@ -258,14 +258,24 @@ class SessionData:
     kv_eval: list[dict] | None = None  # kv-eval's rows
     kv_eval_job: dict = field(default_factory=lambda: {"running": False})
     compare_job: dict = field(default_factory=lambda: {"running": False})  # Compare, A/B tour
-    tasks: dict = field(default_factory=dict)  # ui.work: the pages' long work, by name
+    tasks: dict = field(default_factory=dict)  # ui.work: the session's long work, by name
     report_files: dict = field(default_factory=dict)  # Report: the loaded trace, the bundle
     prefill_scan: tuple[list[int], list[float]] | None = None  # prompt lengths, seconds
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # ui.locks
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # ui.runner
 
     @property
     def trace(self):
-        return None if self.decoder is None else self.decoder.trace
+        """The run's trace as the pages draw it: while a task decodes the run, the copy the
+        task kept after its last token (which no later token changes)."""
+        if self.decoder is None:
+            return None
+        return self.view if self.view is not None else self.decoder.trace
+
+    @property
+    def job(self):
+        """The run's task (``ui.runner.RunTask``) until the page has kept its end."""
+        s = self.tasks.get("run")
+        return None if s is None else s.task
 
     def selected_step(self) -> int | None:
         """The selected step clamped to the trace, or the latest step; None with no steps."""

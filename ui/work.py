@@ -1,40 +1,40 @@
-"""A page's long work: one ``semviz.tasks.Task`` per session and name, advanced by one panel.
+"""The app's long work: one ``semviz.tasks.Task`` per session and name, run by one runner and
+shown by one panel. Generate's run, play and branches, the what-if ghost, kv-eval, Compare, a
+frontier sweep and the prefill scan all run this way.
 
 How it runs, in a few rules:
 
-- A task advances only inside :func:`panel`'s fragment, in its own session's script thread,
-  for ``TICK_SECONDS`` a rerun; every model call it makes waits for its turn in the model's
-  line (``server.turns()``). Nothing else advances it, so it needs no lock.
-- A task whose one unit is long (a whole sweep) is started ``background``: one thread of
-  this module advances it to the end, and the panel only reads its progress. That thread is
-  the only one that changes the task; Stop asks it to end, and it ends at its next poll.
-- Stop asks the task to end after the unit in progress; it keeps what it made.
-- After each advance ``on_tick(task, error)`` copies what the page keeps (its result so far,
-  its state); a task that has ended is then let go, with what it held (caches, a model's
-  working memory), and the page shows what it copied.
-- A closed tab reruns nothing, so its task stops advancing; the session sweeper then drops
-  ``SessionData.tasks`` with the rest of the run.
-
-A page starts a task from a button's callback (:func:`start`), and calls :func:`panel` where
-its progress, Stop and results go.
+- A task runs in a thread of its own (:func:`start`), which is the only writer of what it
+  makes; every model call it makes waits for its turn in the model's line. A page never
+  changes a running task's work: it draws the copy the task keeps after each unit
+  (``Task.latest``), so a page never waits for the model and needs no lock.
+- :func:`panel` draws the progress (phase, how far, the time left, the place in the line),
+  Stop, and the page's view of the work, in one fragment that reruns every ``tick_every()``
+  seconds while the task runs. Each rerun calls ``on_tick(task, error)``, where the page
+  copies what it keeps; when the task ends the whole page reruns once.
+- Stop asks the task to end after the unit in progress and waits for that unit; the task
+  keeps what it made.
+- A task whose page stops ticking (a closed tab) pauses between two units after
+  ``ORPHAN_SECONDS``; the page's next tick (the tab again) resumes it.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import streamlit as st
 
-from semviz.tasks import Task
+from semviz.tasks import Task, Turns
 from ui import server
 from ui.errors import report
 
-TICK_SECONDS = 0.4  # work per rerun of the panel
-TICK_EVERY = 0.5  # seconds between two reruns while the task runs
-
+TICK_EVERY = 0.5  # seconds between two reruns of the panel while a task runs
+ORPHAN_SECONDS = 5.0  # a task pauses after this long without a rerun of its panel
+STOP_WAIT = 10.0  # Stop waits this long at most for the unit in progress
+THREAD = "semviz-task"
 
 Keep = Callable[[Task, "str | None"], None]  # on_tick(task, error)
 
@@ -42,12 +42,16 @@ Keep = Callable[[Task, "str | None"], None]  # on_tick(task, error)
 @dataclass
 class Slot:
     """A session's task of one name (None once it has ended and been let go), what the page
-    keeps of it after each advance, and the error that ended it."""
+    keeps of it after each rerun of the panel, and the error that ended it."""
 
     task: Task | None
     on_tick: Keep | None = None
     error: str | None = None
-    background: bool = False  # advanced to the end by a thread of its own (see ``start``)
+    owner: str = ""  # the session, whose place in the model's line the task takes
+    seen: float = field(default_factory=time.monotonic)  # the panel's last rerun
+    place: object = None  # where the task waits in the model's line (None: not waiting)
+    thread: threading.Thread | None = None
+    drawn: bool = False  # running when a page run last refreshed it (``refresh``)
 
     @property
     def running(self) -> bool:
@@ -58,103 +62,189 @@ def slot(sess, name: str) -> Slot | None:
     return sess.tasks.get(name)
 
 
-def running(sess, name: str) -> bool:
+def task(sess, name: str) -> Task | None:
+    """The session's running ``name`` task (None when there is none)."""
     s = slot(sess, name)
-    return s is not None and s.running
+    return s.task if s is not None and s.running else None
 
 
-def start(
-    sess, name: str, task: Task, on_tick: Keep | None = None, *, background: bool = False
-) -> None:
-    """Make ``task`` the session's ``name`` task (a running one of that name is stopped
-    first, keeping its work); the panel advances it from its next rerun, or with
-    ``background`` a thread advances it to the end."""
-    if running(sess, name):
-        stop(sess, name)
-    sess.tasks[name] = s = Slot(task, on_tick, background=background)
+def keep_ended(sess, name: str) -> None:
+    """If the session's ``name`` task has ended, its end is kept now: a click's callback,
+    which runs before the page's refresh, then acts on what the task made. (A page's drawing
+    keeps ends only at its refresh and in its panel, so one run never draws both.)"""
+    s = slot(sess, name)
+    if s is not None and s.task is not None and s.task.finished:
+        _kept(s)
+
+
+def running(sess, name: str) -> bool:
+    return task(sess, name) is not None
+
+
+def start(sess, name: str, t: Task, on_tick: Keep | None = None) -> None:
+    """Make ``t`` the session's ``name`` task (a running one of that name is stopped first,
+    keeping its work) and start its thread."""
+    stop(sess, name)
+    sess.tasks[name] = s = Slot(t, on_tick, owner=server.owner())
+    _run(s)
     _kept(s)
-    if background:
-        turns = server.turns()  # the session's place in the line, taken in its own thread
-        threading.Thread(target=_to_the_end, args=(s, task, turns), daemon=True).start()
 
 
-def _to_the_end(s: Slot, task: Task, turns) -> None:
+def _run(s: Slot) -> None:
+    t = s.task
+    turns = server.turns(
+        s.owner,
+        waiting=lambda place: setattr(s, "place", place),
+        should_stop=lambda: t.stopping,
+    )
+    s.thread = threading.Thread(target=_work, args=(s, turns), name=THREAD, daemon=True)
+    s.thread.start()
+
+
+def _work(s: Slot, turns: Turns) -> None:
+    t = s.task
     try:
-        task.advance(math.inf, turns)
+        while not t.finished and time.monotonic() - s.seen < ORPHAN_SECONDS:
+            t.advance(0.0, turns)  # one unit
     except Exception as exc:  # one sentence on the page; what the task made stays
-        s.error = report(exc, task.label)
-        task.stopped = True
-    finally:
-        task.finished = True
+        s.error = report(exc, t.label)
+        t.stopped = t.finished = True
 
 
 def stop(sess, name: str) -> None:
-    """Stop the session's ``name`` task: it ends without another unit and keeps its work (a
-    background task at its next poll of the stop request)."""
+    """Stop the session's ``name`` task after the unit in progress (waiting for it); it
+    keeps what it made (one that has ended and not been kept yet is kept now)."""
+    keep_ended(sess, name)
     s = slot(sess, name)
     if s is None or not s.running:
         return
     s.task.stop()
-    if s.background:
-        return
-    s.task.advance(0.0, server.turns())  # a stopped task ends before any unit
+    th = s.thread
+    if th is not None and th.is_alive() and th is not threading.current_thread():
+        th.join(STOP_WAIT)
+    if not s.task.finished and (th is None or not th.is_alive()):  # paused: end it here
+        s.task.advance(0.0, server.turns(s.owner))  # a stopped task ends before any unit
     _kept(s)
 
 
 def _kept(s: Slot) -> None:
     """The page copies what it keeps; an ended task is let go."""
-    task = s.task
-    if task is None:
+    t = s.task
+    if t is None:
         return
-    done = task.finished  # read first: a background task may end while the page copies
+    done = t.finished  # read first: the task may end while the page copies
     if s.on_tick is not None:
-        s.on_tick(task, s.error)
+        s.on_tick(t, s.error)
     if done:
         s.task = None
 
 
-def _advance(s: Slot) -> None:
-    try:
-        s.task.advance(TICK_SECONDS, server.turns())
-    except Exception as exc:  # one sentence on the page; what the task made stays
-        s.error = report(exc, s.task.label)
-        s.task.stop()
-        s.task.finished = s.task.stopped = True
+def tick(s: Slot) -> None:
+    """One rerun of the panel: the task is still watched (a paused one resumes), and the
+    page copies what it made."""
+    s.seen = time.monotonic()
+    if s.running and (s.thread is None or not s.thread.is_alive()):
+        _run(s)
     _kept(s)
 
 
-def _progress_text(s: Slot) -> str:
+def refresh(sess, names: Sequence[str]) -> None:
+    """What a page run starts with: each of the session's ``names`` tasks is ticked, so the
+    page draws what they made by now (and the end of one that has ended)."""
+    for n in names:
+        s = slot(sess, n)
+        if s is not None and s.task is not None:
+            tick(s)
+        if s is not None:
+            s.drawn = s.running
+
+
+def busy_threads() -> int:
+    """How many tasks are working on this server now."""
+    return sum(t.name == THREAD and t.is_alive() for t in threading.enumerate())
+
+
+def tick_every() -> float:
+    """Seconds between two reruns of a panel: ``TICK_EVERY``, and longer while many tasks run
+    on this server (a class playing at once), since each page's redraw costs the CPU that the
+    model needs; the tasks go on between the reruns."""
+    return TICK_EVERY * max(1.0, busy_threads() / 2)
+
+
+def progress_text(s: Slot) -> str:
     p = s.task.progress()
     done = f"{p.done:,} of {p.total:,} {p.unit}" if p.total else f"{p.done:,} {p.unit}"
     eta = p.eta()
     left = (
         ""
-        if eta is None
+        if eta is None or eta < 0.5
         else (f" · about {eta:.0f} s left" if eta < 120 else f" · about {eta / 60:.0f} min left")
     )
-    return f"{s.task.label}: {p.phase} · {done}{left}"
+    place = s.place
+    line = (
+        f" · in the model's line, {server.turns_before(place)}"
+        if place is not None and place.waited >= server.SHOW_WAIT_AFTER
+        else ""
+    )
+    return f"{s.task.label}: {p.phase} · {done}{left}{line}"
 
 
-def panel(sess, name: str, draw: Callable[[], None]) -> None:
-    """The task's progress (its phase, how far, the time left) and Stop while it runs, then
-    ``draw()`` (the page's view of what it kept), in one fragment that reruns itself while the
-    task runs; when the task ends, the whole page reruns once, so its forms are enabled again."""
-    ticking = running(sess, name)
+def stop_button(sess, name: str, where=st, label: str = "Stop", **kw) -> None:
+    """Stop for the session's ``name`` task, to draw outside the panel: a button that every
+    rerun of the panel re-sent could be swapped for its new copy between a press and its
+    release, and the press would be lost."""
+    where.button(
+        label,
+        key=f"{name}_stop",
+        on_click=stop,
+        args=(sess, name),
+        help="Stop after the unit of work in progress; everything made so far is kept.",
+        **kw,
+    )
 
-    @st.fragment(run_every=TICK_EVERY if ticking else None)
+
+def panel(
+    sess,
+    names: str | Sequence[str],
+    draw: Callable[[], None] | None = None,
+    *,
+    stop: bool = True,
+) -> None:
+    """The progress of the session's ``names`` tasks (the first one's, with its error and,
+    unless ``stop`` is False, Stop), then ``draw()`` (the page's view of what they made), in
+    one fragment that reruns itself while any of them runs."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    ticking = any(running(sess, n) for n in names)
+    if ticking and stop and running(sess, names[0]):
+        stop_button(sess, names[0])
+    every = tick_every()
+
+    @st.fragment(run_every=every if ticking else None)
     def _panel() -> None:
-        s = slot(sess, name)
-        if s is not None and s.task is not None and s.background:
-            _kept(s)  # its thread advances it: copy what it made so far
-        elif s is not None and s.running:
-            _advance(s)
-        if ticking and not running(sess, name):
-            st.rerun()  # ended or stopped: redraw once, without the timer
+        if sess.rerun_app and _in_fragment_run():
+            sess.rerun_app = False
+            st.rerun()  # a click inside the fragment that the whole page follows
+        if ticking and _in_fragment_run() and not every / 1.5 < tick_every() < every * 1.5:
+            st.rerun()  # a fragment's pace is set by a full run: follow the load now
+        drawn = [s for s in (slot(sess, n) for n in names) if s is not None and s.drawn]
+        refresh(sess, names)
+        if drawn and not any(s.running for s in drawn):
+            # ended since this page run (or the last tick) began: the whole page catches up
+            # once, without the timer, so the run that shows the end draws it everywhere
+            st.rerun()
+        s = slot(sess, names[0])
         if s is not None and s.running:
-            st.progress(s.task.progress().fraction, text=_progress_text(s))
-            st.button("Stop", key=f"{name}_stop", on_click=stop, args=(sess, name))
+            st.progress(s.task.progress().fraction, text=progress_text(s))
         if s is not None and s.error:
             st.error(s.error, icon="⚠️")
-        draw()
+        if draw is not None:
+            draw()
 
     _panel()
+
+
+def _in_fragment_run() -> bool:
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    c = get_script_run_ctx()
+    return bool(c is not None and c.fragment_ids_this_run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -32,13 +33,32 @@ def run_steps(at, n: int):
     at.session_state["s_run_n"] = n
     at.run()
     at.button(key="btn_run").click().run()
-    for _ in range(4 * n + 10):
-        if at.session_state["semviz"].job is None:
-            break
+    return settle(at)
+
+
+def settle(at, timeout: float = 60.0):
+    """Run the page until the run's task has ended and the page has kept its end (the task
+    decodes in its own thread, between the page's runs), then once more."""
+    return run_until(at, lambda: at.session_state["semviz"].job is None, timeout)
+
+
+def run_until(at, cond, timeout: float = 60.0):
+    """Run the page until ``cond()`` (a task working in its own thread), then once more."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.02)
         at.run()
-    assert at.session_state["semviz"].job is None
-    at.run()  # the job may have ended between two runs (it decodes between them too)
+    at.run()
     return at
+
+
+def wait_until(cond, timeout: float = 30.0) -> None:
+    """Wait for ``cond()`` (a task working in its own thread)."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)
 
 
 @pytest.fixture()
@@ -55,7 +75,8 @@ def link_notes(at) -> list[str]:
 
 
 def click_step(at, times: int = 1):
-    """Click Generate's Step ``times`` times at once, and return ``at`` to ``.run()``.
+    """Click Generate's Step ``times`` times at once; ``.run()`` on what it returns runs the
+    page and waits for the tokens.
 
     Step is a ``ui.clicks`` counted button (a custom component, which AppTest draws as an
     unknown element): this puts a widget in its place that sends the count of clicks the
@@ -91,4 +112,16 @@ def click_step(at, times: int = 1):
         return False
 
     assert swap(at._tree), "no Step button on this page"
-    return at
+    return _Clicked(at)
+
+
+class _Clicked:
+    """``click_step(at).run()``: the page runs with the clicks, and the tokens they asked for
+    are made before it returns (a first Step's prefill is a task, decoding in its thread)."""
+
+    def __init__(self, at) -> None:
+        self.at = at
+
+    def run(self):
+        self.at.run()
+        return settle(self.at)

@@ -4,6 +4,7 @@ regenerate the run."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -14,7 +15,15 @@ from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from semviz.decoding.decoder import Decoder, DecodeSettings
 from semviz.output.style import display_token
 from semviz.output.trace import Trace
-from tests.app.conftest import APP, GENERATE, TIMEOUT, click_step, run_steps
+from tests.app.conftest import (
+    APP,
+    GENERATE,
+    TIMEOUT,
+    click_step,
+    run_steps,
+    settle,
+    wait_until,
+)
 from ui import examples, runner
 
 
@@ -26,16 +35,8 @@ def sess(at):
     return at.session_state["semviz"]
 
 
-def finish_job(at, limit: int = 200) -> None:
-    """Run the page (a tick each) until the job has ended, then once more: the job also
-    decodes between the page's runs, so it can end after the last one, which the next run
-    shows (in a browser, the next tick)."""
-    for _ in range(limit):
-        if sess(at).job is None:
-            at.run()
-            return
-        at.run()
-    raise AssertionError("the job did not finish")
+def finish_job(at) -> None:
+    settle(at)
 
 
 @pytest.fixture()
@@ -192,12 +193,14 @@ def test_stop_keeps_what_was_made_and_says_stopped(app):
     at = app
     at.session_state["s_run_n"] = 400
     at.run()
-    at.button(key="btn_run").click().run()  # one tick
+    at.button(key="btn_run").click().run()
+    wait_until(lambda: sess(at).job.made >= 1)
+    at.run()
     made = sess(at).decoder.n_steps
     assert sess(at).job is not None and 1 <= made < 400
     at.button(key="job_stop").click().run()
     assert sess(at).job is None
-    kept = sess(at).decoder.n_steps  # the job also decodes between the page's runs
+    kept = sess(at).decoder.n_steps  # the task also decodes between the page's runs
     assert made <= kept < 400
     assert f"Run 400: stopped after {kept} tokens; they are kept." in [i.value for i in at.info]
     time.sleep(0.5)
@@ -224,7 +227,7 @@ def reference_tokens(lm, settings, n: int) -> list[int]:
 def test_a_rerun_inside_a_step_leaves_the_run_consistent(app, tiny_lm, monkeypatch, exc, where):
     """Streamlit stops a script at its next yield point; here that lands inside a step."""
     at = app
-    for _ in range(3):
+    for _ in range(3):  # the first click's prefill is a task; the next clicks step in the page
         click_step(at).run()
     orig = getattr(Decoder, where)
     calls = {"n": 0}
@@ -350,12 +353,13 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
     k = wi.first_diff
     g = s.ghost
     assert g.at == k
+    wait_until(lambda: g.complete)  # its task decodes in its own thread
+    assert g.error is None
     if source == "example":  # no model yet: a fresh decoder re-feeds the k recorded tokens
-        assert g.decoder is None and g.forced == s.decoder.trace.token_ids[:k]
+        assert g.task.build is not None and g.task.made == k + len(g.tokens)
     else:  # a fork of the live run, rewound to k: nothing re-fed
-        assert g.decoder is not None and g.decoder.n_steps == k and not g.forced
-    while not runner.ghost_tick(s):  # what the page's ticks do
-        pass
+        assert g.task.build is None and g.task.made == len(g.tokens)
+    assert g.trace.token_ids[:k] == s.decoder.trace.token_ids[:k]
     # the reference: the run's own tokens up to k, then greedy decoding
     settings = at.session_state["settings"]
     ref = Decoder(
@@ -374,7 +378,7 @@ def test_whatif_ghost_text_is_the_real_continuation(app, tiny_lm, source):
     # Regenerate takes the ghost over as the new branch, without decoding it again
     ghost = list(g.tokens)
     at.button(key="regen_from").click().run()
-    assert sess(at).decoder is g.decoder
+    assert sess(at).decoder is g.task.decoder
     finish_job(at)
     assert sess(at).decoder.n_steps == n
     assert sess(at).decoder.trace.token_ids[k : k + len(ghost)] == ghost
@@ -392,6 +396,25 @@ def test_step_then_run_follows_the_new_tokens(app):
     finish_job(app)
     assert sess(app).decoder.n_steps == 4
     assert sess(app).selected_step() == 3 and app.slider(key="step_sel").value == 3
+
+
+def test_a_click_after_the_first_steps_task_ended_steps_on_from_its_run(app, monkeypatch):
+    """The first Step's task (prefill and a token) ends in its thread; a second click whose
+    callback comes before any page run has kept that end steps on from the run the task
+    made, rather than starting a new one (a browser's fast clicks lost tokens that way)."""
+    from semviz.tasks import DecodeTask
+
+    go, unit = threading.Event(), DecodeTask.unit
+    monkeypatch.setattr(DecodeTask, "unit", lambda self, turns: go.wait(30) and unit(self, turns))
+    click_step(app)
+    app.run()  # the click starts the task, which waits for ``go``; the page does not wait
+    task = sess(app).job
+    go.set()
+    wait_until(lambda: task.finished)  # ended, not yet kept: no page run since
+    assert sess(app).decoder is None
+    click_step(app).run()  # the callback runs before the page's refresh
+    dec = sess(app).decoder
+    assert dec.n_steps == 2 and dec is task.decoder
 
 
 def test_a_link_carries_its_branch_and_its_what_if(tiny_dir, monkeypatch):
@@ -451,6 +474,7 @@ def test_a_reload_during_play_links_the_run_to_its_length(app):
     j = sess(app).job
     assert j is not None and j.kind == "play" and j.made < 300
     assert app.query_params["steps"] == "300"
+    wait_until(lambda: j.made >= 1)  # the prefill runs in the task too
     runner.stop(sess(app))
     app.run()
     assert app.query_params["steps"] == str(sess(app).decoder.n_steps)

@@ -12,7 +12,7 @@ import contextlib
 import traceback
 
 from semviz.model.queue import QUEUE
-from tests.app.conftest import GENERATE, click_step, run_steps
+from tests.app.conftest import GENERATE, click_step, run_steps, run_until
 
 
 @contextlib.contextmanager
@@ -38,15 +38,10 @@ def _turns(lm):
         hook.remove()
 
 
-def _until_idle(at, limit: int = 300) -> None:
-    """Run the page (a tick each) until the session's job and its page's job have ended."""
+def _until_idle(at) -> None:
+    """Run the page until the session's tasks (the run, the ghost, kv-eval, Compare) have ended."""
     s = at.session_state["semviz"]
-    for _ in range(limit):
-        if s.job is None and not s.kv_eval_job.get("running") and not s.compare_job["running"]:
-            at.run()
-            return
-        at.run()
-    raise AssertionError("the work did not end")
+    run_until(at, lambda: not any(slot.running for slot in s.tasks.values()))
 
 
 def test_every_forward_from_every_page_takes_a_turn(app):
@@ -69,8 +64,7 @@ def test_every_forward_from_every_page_takes_a_turn(app):
         app.session_state["s_temperature"] = 0.0  # the what-if and its ghost continuation
         app.run()
         _until_idle(app)
-        for _ in range(20):  # the ghost decodes in the page's ticks
-            app.run()
+        _until_idle(app)  # the ghost decodes in its task
         if "regen_from" in [b.key for b in app.button]:  # greedy changed a choice
             app.button(key="regen_from").click().run()
             _until_idle(app)

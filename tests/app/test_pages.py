@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from tests.app.conftest import click_step, run_steps
+from tests.app.conftest import click_step, run_steps, run_until, settle, wait_until
+from ui import work
 
 PAGES = [
     "app_pages/generate.py",
@@ -138,7 +139,7 @@ def test_whatif_marks_first_changed_step_and_regenerates(generated):
     assert wi.first_diff is not None
     assert any("What-if" in w.value for w in at.warning)
     k = wi.first_diff
-    at.button(key="regen_from").click().run()
+    settle(at.button(key="regen_from").click().run())
     assert not at.exception
     dec = at.session_state["semviz"].decoder
     assert dec.trace.steps[k].token_id == wi.token_ids[k]
@@ -266,10 +267,7 @@ def test_kv_policy_run_and_kv_eval(app):
     app.text_input(key="kve_budgets").input("8, 16")
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
     job = app.session_state["semviz"].kv_eval_job
-    for _ in range(100):  # each run is one tick of the fragment
-        if not job["running"]:
-            break
-        app.run()
+    run_until(app, lambda: not job["running"])
     assert not app.exception, app.exception
     rows = app.session_state["semviz"].kv_eval
     assert [(r["policy"], r["budget"]) for r in rows] == [
@@ -286,7 +284,8 @@ def test_kv_policy_run_and_kv_eval(app):
     # a long run stopped from the page keeps its partial rows and says so
     app.number_input(key="kve_tokens").set_value(512)
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
-    app.run()
+    task = work.task(app.session_state["semviz"], "kve")
+    wait_until(lambda: task.run.done > 0)  # its thread has scored a first token
     app.button(key="kve_stop").click().run()
     assert not job["running"] and job["stopped"]
     run = job["run"]
@@ -324,10 +323,7 @@ def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
     app.number_input(key="cmp_steps").set_value(6)
     app.button(key="cmp_run").click().run()
     job = app.session_state["semviz"].compare_job
-    for _ in range(100):  # each tick of the fragment decodes for a moment
-        if not job["running"]:
-            break
-        app.run()
+    run_until(app, lambda: not job["running"])
     assert not app.exception, app.exception
     res = job["result"]
     a, b = (s.label for s in res.sides)
@@ -351,8 +347,13 @@ def test_compare_stopped_keeps_its_tokens_and_lets_the_caches_go(app):
     app.switch_page("app_pages/compare.py").run()
     app.number_input(key="cmp_steps").set_value(200)
     app.button(key="cmp_run").click().run()
-    app.run()  # one tick decodes a few tokens a side
     job = app.session_state["semviz"].compare_job
+
+    def decoding() -> bool:  # the task decodes in its own thread; the page keeps its result
+        res = job.get("result")
+        return res is not None and min(len(t.steps) for t in res.traces) > 0
+
+    run_until(app, decoding)
     # while it runs, the task panel shows what it does, how far, and Stop
     bars = app.get("progress")
     assert (
@@ -415,10 +416,7 @@ def test_a_kv_eval_that_fails_midway_does_not_say_done(app, monkeypatch):
     app.number_input(key="kve_tokens").set_value(32)
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
     job = app.session_state["semviz"].kv_eval_job
-    for _ in range(100):
-        if not job["running"]:
-            break
-        app.run()
+    run_until(app, lambda: not job["running"])
     assert not app.exception
     text = [p.proto.text for p in app.get("progress")]
     assert not any("done" in t for t in text), text

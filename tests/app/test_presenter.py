@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.app.conftest import APP, TIMEOUT, run_steps
+from tests.app.conftest import APP, TIMEOUT, run_steps, settle
 
 PRESENTER = "app_pages/presenter.py"
 
@@ -23,13 +23,8 @@ def _title(at) -> str:
     raise AssertionError("no presenter title on the page")
 
 
-def _finish(at, limit: int = 200) -> None:
-    for _ in range(limit):
-        if _sess(at).job is None:
-            at.run()
-            return
-        at.run()
-    raise AssertionError("the linked run did not finish")
+def _finish(at) -> None:
+    settle(at)
 
 
 def test_presenter_link_alone_reopens_its_run_at_its_step(tiny_dir, monkeypatch):

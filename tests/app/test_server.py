@@ -9,7 +9,15 @@ import time
 import pytest
 
 from semviz.model.load import DEFAULT_MODEL, ModelLoadError, model_key
-from tests.app.conftest import APP, GENERATE, TIMEOUT, click_step, link_notes, run_steps
+from tests.app.conftest import (
+    APP,
+    GENERATE,
+    TIMEOUT,
+    click_step,
+    link_notes,
+    run_steps,
+    wait_until,
+)
 from ui import server, sessions
 from ui.server import ConfigError, ServerConfig, read_config
 
@@ -381,6 +389,7 @@ def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, on
     monkeypatch.setattr(server, "wait_text", lambda p: (shown.append(p.ahead), real(p))[1])
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
     at.switch_page(GENERATE).run()
+    click_step(at).run()  # the first Step's prefill is a task: the next one is the page's own
     release = threading.Event()
 
     def hold():
@@ -397,7 +406,7 @@ def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, on
     assert not at.exception and not at.error
     assert shown and set(shown) == {1}  # one turn (the other session's) before this one
     assert not [i for i in at.info if "Waiting for the model" in i.value]  # cleared once served
-    assert at.session_state["semviz"].decoder.n_steps == 1
+    assert at.session_state["semviz"].decoder.n_steps == 2  # the first click's token and this one
     assert real(Place(3, 0.0, 0.5)) == (
         "Waiting for the model: 3 turns before yours, about 2 s. Other sessions are using it."
     )
@@ -487,39 +496,37 @@ def test_a_closed_kv_eval_tab_lets_its_evaluation_go(tiny_lm):
     assert ref() is None and job == {"running": False} and sess.kv_eval_job is job
 
 
-def test_a_playing_page_draws_while_its_job_waits_in_the_models_line(
+def test_a_playing_page_draws_while_its_task_waits_in_the_models_line(
     monkeypatch, tiny_dir, one_lane
 ):
-    """The job's thread waits for the model without the session's lock, so the page's ticks
-    neither wait for the line nor for the job; the page shows the job's place in the line."""
+    """The run's task waits for the model in its own thread, so the page's runs neither wait
+    for the line nor for the task; the page shows the task's place in the line."""
     from semviz.model.queue import QUEUE
-    from ui import runner
-    from ui.locks import session_lock
+    from ui import runner, work
 
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1", SEMVIZ_MAX_STEPS="4096")
     at.run()
     at.switch_page(GENERATE).run()
-    at.button(key="btn_play").click().run()  # the first tick builds, decodes, starts the thread
+    at.button(key="btn_play").click().run()
     sess = at.session_state["semviz"]
     j = runner.job(sess)
-    assert j is not None and j.worker is not None and j.worker.is_alive()
+    slot = work.slot(sess, runner.RUN)
+    assert j is not None and slot.thread.is_alive()
+    wait_until(lambda: j.made >= 2)
     with QUEUE.turn("another session"):  # someone else's long forward
         time.sleep(0.2)
-        n = sess.decoder.n_steps
+        n = j.made
         time.sleep(server.SHOW_WAIT_AFTER + 0.5)
-        assert sess.decoder.n_steps == n  # the job waits in line ...
-        lk = session_lock(sess)
-        assert lk.acquire(timeout=0.2)  # ... without the session's lock
-        lk.release()
+        assert j.made == n  # the task waits in line ...
         t0 = time.monotonic()
-        at.run(timeout=10)  # a tick: it draws and does not wait for the model
+        at.run(timeout=10)  # ... and the page draws without waiting for the model
         assert time.monotonic() - t0 < 10 and not at.exception
-        assert "in the model's line, 1 turn before yours" in j.progress()
+        assert "in the model's line, 1 turn before yours" in work.progress_text(slot)
         shown = " ".join(p.proto.text for p in at.get("progress"))
         assert "in the model's line, 1 turn before yours" in shown
-    time.sleep(1.0)
+    wait_until(lambda: j.made > n)  # its turn came: it decodes on
     at.run()
-    assert sess.decoder.n_steps > n and j.place is None  # its turn came: it decodes on
+    assert slot.place is None
     at.button(key="job_stop").click().run()
     assert runner.job(sess) is None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from semviz.output import escape
 from semviz.output.style import display_token
-from tests.app.conftest import run_steps
+from tests.app.conftest import run_steps, wait_until
 from ui import runner
 
 
@@ -25,7 +25,7 @@ def label(at, t: int) -> str:
     return escape.markdown(display_token(s.decoder.lm.tokenizer.decode([int(t)])))
 
 
-def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(app):
+def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(app, monkeypatch):
     run_steps(app, 10)
     s = sess(app)
     old = escape.markdown(display_token(s.decoder.trace.steps[0].token_text))
@@ -54,7 +54,11 @@ def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(ap
     hot = s.replay_memo["whatif"]
     assert not any(hot.approximate) and hot.n == 10
     assert not any(m.value.startswith("What-if") and "estimate" in m.value for m in app.success)
+    # the ghost decode is held back until the banner has been read without its answer
+    start_ghost = runner.ghost
+    monkeypatch.setattr(runner, "ghost", lambda sess, *a: runner.ghost_stop(sess))
     app.slider(key="s_temperature").set_value(0.0).run()  # greedy
+    assert s.ghost is None
     wi = s.replay_memo["whatif"]
     # greedy, the tiny model's run changes step 0, and the record decides that pick; the
     # test fails rather than skips if the fixture stops giving such a step
@@ -79,8 +83,9 @@ def test_banner_states_an_exact_pick_marks_an_estimate_and_follows_the_decode(ap
     )
 
     # once the ghost decode has made step 0, its token is the truth the banner names
-    while not runner.ghost_tick(s):  # what the page's ticks do
-        pass
+    monkeypatch.setattr(runner, "ghost", start_ghost)
+    app.run()  # the page starts the ghost; its task decodes in its own thread
+    wait_until(lambda: s.ghost is not None and s.ghost.complete)
     real = s.ghost.tokens[0]
     assert real == wi.token_ids[0]  # the tiny model's decode agrees with the replay here
     app.run()

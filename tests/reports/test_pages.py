@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.conftest import APP, TIMEOUT, run_steps
+from tests.app.conftest import APP, TIMEOUT, run_steps, run_until, settle
 
 NEW_PAGES = [
     "app_pages/compare.py",
@@ -93,10 +93,7 @@ def test_copied_link_reproduces_tokens_and_views(new_app):
     b = new_app(link)  # another session opening the copied link
     sb = b.session_state["settings"]
     assert (sb.temperature, sb.top_k, sb.seed, sb.prompt) == (0.6, 30, 7, "A quiet harbour")
-    for _ in range(40):  # the link's ``steps`` regenerates the run by itself
-        if b.session_state["semviz"].job is None:
-            break
-        b.run()
+    settle(b)  # the link's ``steps`` regenerates the run by itself
     assert b.session_state["semviz"].decoder.trace.token_ids == tokens_a
     b.switch_page("app_pages/distributions.py").run()
     assert b.session_state["semviz"].selected_step() == 2
@@ -168,10 +165,7 @@ def test_compare_page_runs_and_stops(new_app):
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
     job = at.session_state["semviz"].compare_job
-    for _ in range(40):
-        if not job["running"]:
-            break
-        at.run()
+    run_until(at, lambda: not job["running"])
     no_errors(at)
     res = job["result"]
     assert res.steps == 4 and len(res.traces) == 2
@@ -188,10 +182,11 @@ def test_compare_page_runs_and_stops(new_app):
     # a long run stopped after the first tick keeps its tokens
     at.number_input(key="cmp_steps").set_value(200).run()
     at.button(key="cmp_run").click().run()
-    made = at.session_state["semviz"].compare_job["result"].steps
-    at.button(key="cmp_stop").click().run()
     job = at.session_state["semviz"].compare_job
-    assert not job["running"] and 1 <= job["result"].steps == made < 200
+    run_until(at, lambda: job.get("result") is not None and len(job["result"].traces[0].steps))
+    at.button(key="cmp_stop").click().run()
+    made = [len(t.steps) for t in job["result"].traces]
+    assert not job["running"] and job["result"].stopped and 1 <= min(made) <= max(made) < 200
     # a bad side is one message, nothing else breaks
     at.text_input(key="cmp_b").input("top_pp=0.9").run()
     at.button(key="cmp_run").click().run()
