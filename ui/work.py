@@ -7,7 +7,7 @@ How it runs, in a few rules:
 - A task runs in a thread of its own (:func:`start`), which is the only writer of what it
   makes; every model call it makes waits for its turn in the model's line. A page never
   changes a running task's work: it draws the copy the task keeps after each unit
-  (``Task.latest``), so a page never waits for the model and needs no lock.
+  (``Task.latest``), so a page never waits for the model and takes no lock to draw it.
 - :func:`panel` draws the progress (phase, how far, the time left, the place in the line),
   Stop, and the page's view of the work, in one fragment that reruns every ``tick_every()``
   seconds while the task runs. Each rerun calls ``on_tick(task, error)``, where the page
