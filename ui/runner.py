@@ -5,8 +5,8 @@ reproducing a linked run, continuing an example) is a :class:`RunTask`, a
 ``semviz.tasks.DecodeTask`` run by ``ui.work`` as the session's ``run`` task: its thread is
 the only writer of the run's decoder while it runs, and the pages draw the copy of the trace
 it keeps after each token (``SessionData.view``). So a page never waits for the model, and
-no lock guards the run while a page draws. What changes the run from a click (a single Step, Rewind,
-Reset, switching branches, starting a task) runs in the page's own thread, under the
+no lock guards the run while a page draws. What changes the run from a click (a single Step,
+Rewind, Reset, switching branches, starting a task) runs in the page's own thread, under the
 session's lock (:func:`exclusive`), and is refused with a message while a task runs (press
 Stop first); Step clicks made while a Step task runs are added to it, not lost.
 
