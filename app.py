@@ -18,8 +18,6 @@ from streamlit.runtime.scriptrunner import RerunException
 from ui import nav
 
 WARM = "semviz-warm-imports"
-RUN_LOCK = "page_run_lock"  # session_state key: held while a page runs
-RUN_WAIT = 10.0  # seconds a page run waits for the run before it to end
 # what every page but Home needs: torch and transformers (ui.runner), plotly (semviz.output.charts)
 HEAVY = ("ui.runner", "semviz.output.charts", "ui.views")
 
@@ -55,17 +53,8 @@ nav.start_run(st.session_state, page.url_path)
 st.html(
     "<style>@media (max-width: 640px) {.js-plotly-plot .modebar-container {display: none;}}</style>"
 )
-# One page run at a time per session. A click while a page runs starts a new script thread
-# at once while the stopped one still unwinds (Streamlit's fast reruns): the new run waits
-# for the old one's cleanup (Report keeps what a stopped build made in a ``finally``), at
-# most RUN_WAIT seconds, after which it draws anyway.
-run_lock = st.session_state.setdefault(RUN_LOCK, threading.RLock())
-held = run_lock.acquire(timeout=RUN_WAIT)
 try:
     page.run()
 except RerunException:  # st.rerun / st.switch_page: another run follows at once, so the
     nav.keep_link_notes(st.session_state)  # link's notes shown in this one stay for it
     raise
-finally:
-    if held:
-        run_lock.release()

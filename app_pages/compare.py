@@ -18,40 +18,26 @@ from ui.errors import report
 ctx = page.context("Compare", run=False)  # it decodes its own sides
 sess = ctx.sess
 settings = ctx.settings
-job = sess.compare_job
 
 st.caption(
     "A side is a preset (`code`, `story`, `qa`, `brainstorm`), `plain`, or comma-separated "
     "`key=value` settings such as `top_p=0.9,gravity_lambda=0.5`; a preset can be followed by "
     "overrides (`story,temperature=0.7`). Both sides use the sidebar's prompt, model and seed."
 )
-for key, default in (
-    ("cmp_a", "top_p=0.9"),
-    ("cmp_b", "top_p=0.9,gravity_lambda=0.5,gravity_mode=rerank"),
-):
+for key, spec in zip(("cmp_a", "cmp_b"), sess.compare_sides, strict=True):
     if key not in st.session_state:
-        st.session_state[key] = job.get(key, default)
+        st.session_state[key] = spec
 c1, c2, c3 = st.columns([3, 3, 1])
 c1.text_input("Side A", key="cmp_a")
 c2.text_input("Side B", key="cmp_b")
 most = server.config().cap_steps(512)
 c3.number_input("Tokens", 1, most, min(32, most), key="cmp_steps")
-job["cmp_a"], job["cmp_b"] = st.session_state["cmp_a"], st.session_state["cmp_b"]
-
-
-def _keep(task: CompareTask, error: str | None) -> None:
-    """After each advance: the comparison so far, and whether it still runs (an error is
-    shown by the task panel)."""
-    job.update(result=task.latest or job.get("result"), running=not task.finished)
+sess.compare_sides = (st.session_state["cmp_a"], st.session_state["cmp_b"])
 
 
 def _start() -> None:
-    job["error"] = None
     try:
-        sides = [
-            cmp.parse_side(st.session_state["cmp_a"]),
-            cmp.parse_side(st.session_state["cmp_b"]),
-        ]
+        sides = [cmp.parse_side(st.session_state[k]) for k in ("cmp_a", "cmp_b")]
         if ctx.lm is None:
             raise ValueError("the model is not loaded")
         server.check_prompt(encode_prompt(ctx.lm, settings.prompt, settings.chat))
@@ -63,24 +49,23 @@ def _start() -> None:
             seed=int(settings.seed),
             chat=settings.chat,
         )
-    except Exception as exc:  # shown above the results; nothing else is touched
-        job.update(error=report(exc, "Compare"), running=False)
+    except Exception as exc:  # shown by the panel; the last comparison stays
+        work.fail(sess, "cmp", report(exc, "Compare"))
         return
-    job["result"] = None
-    work.start(sess, "cmp", task, on_tick=_keep)
+    work.start(sess, "cmp", task)
 
 
-st.button("Run both", type="primary", key="cmp_run", on_click=_start, disabled=job["running"])
-if job.get("error"):
-    st.error(job["error"], icon="⚠️")
+st.button(
+    "Run both", type="primary", key="cmp_run", on_click=_start, disabled=work.running(sess, "cmp")
+)
 
 
 def results() -> None:
-    res = job.get("result")
+    res = work.result(sess, "cmp")
     if res is None:
         st.info("Press **Run both** to decode both sides on the sidebar's prompt.")
         return
-    state = "running…" if job["running"] else ("stopped" if res.stopped else "done")
+    state = "running…" if work.running(sess, "cmp") else ("stopped" if res.stopped else "done")
     fd = res.first_divergence()
     # per side: a side that ended early (the model chose EOS) is finished, not behind
     ended = [t.stop_reason not in (None, "max_new_tokens") for t in res.traces]

@@ -22,7 +22,6 @@ from ui.errors import message, report
 
 ctx = page.context("Does it help?", run=False)  # it reads results files, not the run
 SHARED = server.config().shared  # read after the sidebar, which stops on a bad configuration
-job = st.session_state.setdefault("frontier_job", {"running": False})
 
 st.caption(
     "Each curve is one setting with one knob swept (temperature by default). Every point "
@@ -231,23 +230,10 @@ def _samples(df: pd.DataFrame, s: fr.Summary, knob: str) -> None:
 # -- a sweep from the page ------------------------------------------------------------------
 
 
-def _keep(task: FrontierTask, error: str | None) -> None:
-    """After each look at the sweep: whether it runs, and once it has ended, what it made."""
-    job["running"] = not task.finished  # an error that ended it is shown by the task panel
-    res = task.latest
-    if task.finished and res is not None:
-        w = task.workers
-        where = f" on {w} Ray worker{'s' if w > 1 else ''}" if w else ""
-        job["result"] = f"{res.new_rows} new rows{where}, {res.skipped_rows} already there" + (
-            " · stopped" if res.stopped else ""
-        )
-
-
 def _start() -> None:
     from semviz.analysis.compare import parse_side
 
     ss = st.session_state
-    job.update(error=None, result=None)
     try:
         if ctx.lm is None:
             raise ValueError("the model is not loaded")
@@ -265,26 +251,31 @@ def _start() -> None:
         )
         out = ss["fr_out"].strip() or fr.DEFAULT_OUT
     except Exception as exc:
-        job["error"] = report(exc, "the sweep")
+        work.fail(ctx.sess, "fr", report(exc, "the sweep"))
         return
     task = FrontierTask(
         ctx.lm, cfg, out, workers=int(ss.get("fr_workers", 0)), model=ctx.settings.model_name()
     )
-    job["out"] = out
     # a sweep's one unit is the whole sweep: a thread of the task panel runs it
-    work.start(ctx.sess, "fr", task, on_tick=_keep)
+    work.start(ctx.sess, "fr", task)
     ss["fr_source"], ss["fr_path"] = "A results file", out
 
 
 def _finished() -> None:
-    if job.get("error"):
-        st.error(job["error"], icon="⚠️")
-    if job.get("result") and not job["running"]:
-        st.success(f"Sweep finished: {job['result']} in `{job['out']}`.")
+    e = work.ended(ctx.sess, "fr")
+    res = None if e is None else e.result
+    if res is not None:
+        w = res.workers
+        where = f" on {w} Ray worker{'s' if w > 1 else ''}" if w else ""
+        st.success(
+            f"Sweep finished{where}: {res.new_rows} new rows, {res.skipped_rows} already there"
+            + (", stopped" if res.stopped else "")
+            + f", in `{res.path}`."
+        )
 
 
 def _sweep_form() -> None:
-    said = job["running"] or bool(job.get("result") or job.get("error"))
+    said = work.slot(ctx.sess, "fr") is not None  # a sweep ran, runs, or could not start
     with st.expander("Run a sweep on the sidebar's model", expanded=said):
         c1, c2, c3 = st.columns(3)
         c1.text_input("Setting A", "top_p=0.95", key="fr_a")
@@ -311,7 +302,11 @@ def _sweep_form() -> None:
             "(`python -m semviz frontier --workers N`).",
         )
         st.button(
-            "Run sweep", type="primary", on_click=_start, disabled=job["running"], key="fr_run"
+            "Run sweep",
+            type="primary",
+            on_click=_start,
+            disabled=work.running(ctx.sess, "fr"),
+            key="fr_run",
         )
         work.panel(ctx.sess, "fr", _finished)
 

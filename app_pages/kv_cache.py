@@ -5,8 +5,6 @@ unit, so the page shows progress and the time left, and its Stop answers within 
 keeps the rows scored so far ("stopped after N of M tokens").
 """
 
-from dataclasses import dataclass
-
 import pandas as pd
 import streamlit as st
 
@@ -35,7 +33,6 @@ COLUMNS = {  # row key → (column title, number format)
 ctx = page.context("KV cache")
 sess = ctx.sess
 tr = ctx.trace
-job = sess.kv_eval_job
 
 if page.need_trace(ctx):
     ev = tr.settings.get("eviction") if isinstance(tr.settings, dict) else None
@@ -91,7 +88,6 @@ st.subheader("Quality vs budget (kv-eval)")
 
 def _start() -> None:
     """The form's callback: build the evaluation; the task panel below runs it."""
-    job.update(error=None, stopped=False)
     try:
         pols = list(st.session_state["kve_policies"])
         if not pols:
@@ -104,34 +100,10 @@ def _start() -> None:
             base = encode_prompt(ctx.lm, ctx.settings.prompt or "hello", ctx.settings.chat)
         ids = teacher_forced_ids(ctx.lm, base, int(st.session_state["kve_tokens"]), repeat=True)
         run = KVEval(ctx.lm, ids, ["full", *pols], budgets)
-    except Exception as exc:  # one line above the results; the last result is kept
-        job["error"] = report(exc, "kv-eval")
+    except Exception as exc:  # one line in the panel; the last result is kept
+        work.fail(sess, "kve", report(exc, "kv-eval"))
         return
-    sess.kv_eval = None
-    job["run"] = None
-    work.start(sess, "kve", KVEvalTask(run), on_tick=_keep)
-
-
-@dataclass(frozen=True)
-class Ended:
-    """What the progress line needs of a kv-eval that finished or stopped. The evaluation
-    itself (the reference's log-probabilities over the whole text, every row's cache) is let
-    go with its task: its rows are in ``sess.kv_eval``."""
-
-    done: int
-    total: int
-    finished: bool
-    failed: bool = False  # an error ended it (e.g. a forward that could not allocate)
-
-
-def _keep(task: KVEvalTask, error: str | None) -> None:
-    """After each advance: the rows so far; once it has ended, what its last line says."""
-    run = task.run
-    sess.kv_eval = task.latest
-    job["running"] = not task.finished
-    if task.finished:
-        job["run"] = Ended(run.done, run.total, run.finished, failed=error is not None)
-        job["stopped"] = task.stopped and error is None
+    work.start(sess, "kve", KVEvalTask(run))
 
 
 if ctx.lm is None:
@@ -145,24 +117,20 @@ else:
         most = max(16, min(2048, server.config().max_prompt_tokens or 2048))
         c3.number_input("Tokens", 16, most, min(64, most), step=16, key="kve_tokens")
         st.form_submit_button(
-            "Run kv-eval", type="primary", on_click=_start, disabled=job.get("running", False)
+            "Run kv-eval", type="primary", on_click=_start, disabled=work.running(sess, "kve")
         )
     st.caption(
         "Teacher-forced on the current run's text (prompt + generated, repeated to the length): "
         "every policy and budget is a row of one batch, and each row's next-token "
         "distributions are compared with the full cache's (one prefill)."
     )
-    if job.get("error"):
-        st.error(job["error"], icon="⚠️")
 
 
-def _ended(run: Ended) -> str:
-    done, total = run.done, run.total
-    # not isinstance: each run of this page defines Ended again
-    if getattr(run, "failed", False) and not run.finished:
-        return f"kv-eval failed after {done} of {total} tokens: the rows score the tokens read."
-    if job.get("stopped") and not run.finished:
-        return f"kv-eval stopped after {done} of {total} tokens: the rows score the tokens read."
+def _ended(e: work.Ended) -> str:
+    done, total = e.progress.done, e.progress.total
+    if done < total and (e.failed or e.stopped):
+        how = "failed" if e.failed else "stopped"
+        return f"kv-eval {how} after {done} of {total} tokens: the rows score the tokens read."
     return f"kv-eval: done, {total} tokens."
 
 
@@ -174,10 +142,10 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 
 
 def results() -> None:
-    run = job.get("run")
-    if run is not None and not work.running(sess, "kve"):
-        st.progress(min(run.done / max(run.total, 1), 1.0), text=_ended(run))
-    rows = sess.kv_eval
+    e = work.ended(sess, "kve")
+    if e is not None and e.progress.total:
+        st.progress(e.progress.fraction, text=_ended(e))
+    rows = work.result(sess, "kve")
     if not rows:
         return
     metric = st.segmented_control(

@@ -2,26 +2,23 @@
 
 The charts are ``semviz.output.report.views`` (the same list ``python -m semviz report`` writes), so a
 trace reloaded here shows exactly what its report shows. Building writes report.html, one
-PNG per chart, trace.json and trace.parquet and offers them as one zip. Stop ends the PNG
-export after the current image; what was made is kept and can still be downloaded.
+PNG per chart, trace.json and trace.parquet and offers them as one zip. The build is a
+``ReportTask`` in the page's task panel (``ui.work``), so the page stays live while it runs:
+Stop ends the PNG export after the current image; what was made is kept and can still be
+downloaded.
 """
-
-import tempfile
-import time
-from pathlib import Path
 
 import streamlit as st
 
 from semviz.analysis.metrics import METRIC_INFO, run_metrics
 from semviz.output import escape, report
 from semviz.output.trace import Trace, TraceError
-from ui import page, server, views
-from ui.errors import log
+from semviz.tasks import ReportTask
+from ui import page, server, views, work
 
 ctx = page.context("Report")
 views.page_css()
 sess = ctx.sess
-store = sess.report_files
 
 source = st.radio(
     "Report on", ["the current run", "a saved trace"], horizontal=True, key="report_source"
@@ -46,16 +43,16 @@ else:
             "…or a trace file on this machine", key="report_path", placeholder="out/trace.json"
         )
     try:
-        if up is not None and store.get("upload_id") != up.file_id:
+        if up is not None and sess.report_from != ("upload", up.file_id):
             # the size is checked before the bytes are parsed
-            store["loaded"] = Trace.from_json(up.getvalue(), max_bytes=cfg.trace_bytes())
-            store["upload_id"] = up.file_id
-        elif path.strip() and store.get("path") != path.strip():
-            store["loaded"] = Trace.load(path.strip())
-            store["path"] = path.strip()
+            sess.report_trace = Trace.from_json(up.getvalue(), max_bytes=cfg.trace_bytes())
+            sess.report_from = ("upload", up.file_id)
+        elif path.strip() and sess.report_from != ("path", path.strip()):
+            sess.report_trace = Trace.load(path.strip())
+            sess.report_from = ("path", path.strip())
     except TraceError as exc:
         st.error(f"Trace not read: {escape.markdown(exc)}", icon="⚠️")
-    trace = store.get("loaded")
+    trace = sess.report_trace
     selected = None
     if trace is None:
         st.info("Upload a trace JSON (written by the app, `trace` or `report`) to see its report.")
@@ -101,54 +98,41 @@ if trace is not None:
 
     # -- build and download --------------------------------------------------------------------
     st.subheader("Build the report")
-    c1, c2, c3 = st.columns([2, 1, 1])
-    pngs = c1.toggle(
-        "One PNG per chart (takes a few seconds a chart)", value=True, key="report_png"
+    c1, c2 = st.columns([3, 1])
+    c1.toggle("One PNG per chart (takes a few seconds a chart)", value=True, key="report_png")
+    build = ReportTask(trace, tokenizer=tok, selected=selected, whatif=wi, lm=lm)
+
+    def _build(task: ReportTask) -> None:
+        task.kw["png"] = st.session_state["report_png"]
+        work.start(sess, "report", task)
+
+    c2.button(
+        "Build report",
+        type="primary",
+        key="report_build",
+        on_click=_build,
+        args=(build,),
+        disabled=work.running(sess, "report"),
     )
-    build = c2.button("Build report", type="primary", key="report_build")
-    c3.button("Stop", key="report_stop", help="Ends the PNG export after the current image.")
-    if build:
-        store.update({"zip": None, "done": False, "pngs": 0, "started": time.time()})
-        bar = st.progress(0.0, text="starting…")
 
-        def progress(msg: str, frac: float) -> None:
-            bar.progress(min(max(frac, 0.0), 1.0), text=msg)  # a Stop click interrupts here
-
-        # The folder lives only while the report is built: its zip is what the page keeps, and
-        # the folder goes even when Stop or an error ends the build early.
-        with tempfile.TemporaryDirectory(prefix="semviz-report-") as tmp:
-            out = Path(tmp)
-            try:
-                report.build(
-                    trace,
-                    out,
-                    tokenizer=tok,
-                    selected=selected,
-                    png=pngs,
-                    progress=progress,
-                    whatif=wi,
-                    lm=lm,
-                )
-                store["done"] = True
-            except Exception as exc:  # e.g. no browser for the PNGs: keep the rest
-                log.error("The report was not finished", exc_info=exc)
-                st.error(f"The report was not finished: {escape.markdown(exc)}", icon="⚠️")
-            finally:
-                store["pngs"] = len(list(out.glob("png/*.png")))
-                store["zip"] = report.zip_bytes(out)
-    if store.get("zip") is not None:
-        state = "complete" if store.get("done") else "stopped early"
+    def _made() -> None:
+        made = work.result(sess, "report")  # a Bundle once a build has ended
+        if made is None:
+            return
+        state = "complete" if made.complete else "stopped early"
         st.success(
-            f"Report {state}: report.html, trace.json, trace.parquet and {store['pngs']} PNGs.",
+            f"Report {state}: report.html, trace.json, trace.parquet and {made.pngs} PNGs.",
             icon=":material/inventory_2:",
         )
         st.download_button(
             "Download report.zip",
-            store["zip"],
+            made.zip,
             file_name="semviz-report.zip",
             mime="application/zip",
             key="report_download",
         )
+
+    work.panel(sess, "report", _made)
 
     # -- the views -----------------------------------------------------------------------------
     st.divider()

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ui import page, tour
+from ui import page, tour, work
 
 ctx = page.context("Tour 5 · A/B: latency and quality")
 tour.header(
@@ -21,11 +21,10 @@ compare:
   (certainty), mean gravity (how hard the context pulled), pruning ratio (how much was cut).
 """
 )
-job = ctx.sess.compare_job
 
 
 def _setup() -> None:
-    job.update(cmp_a=tour.BASELINE_SPEC, cmp_b=tour.GRAVITY_SPEC)
+    ctx.sess.compare_sides = (tour.BASELINE_SPEC, tour.GRAVITY_SPEC)
     for k in ("cmp_a", "cmp_b"):
         st.session_state.pop(k, None)
 
@@ -37,7 +36,7 @@ st.code(
     f'--b "{tour.GRAVITY_SPEC}" --seed {ctx.settings.seed} --json',
     language="sh",
 )
-res = job.get("result")
+res = work.result(ctx.sess, "cmp")
 if res is not None:
     st.subheader("The last comparison")
     st.dataframe(res.metrics_table(), width="stretch")

@@ -72,6 +72,7 @@ from semviz.model.queue import QUEUE, ForwardQueue, Place
 from semviz.sampling import PruneParams, parse_field
 
 __all__ = [
+    "Bundle",
     "CompareTask",
     "DecodeTask",
     "Edit",
@@ -725,34 +726,68 @@ class FrontierTask(Task):
         return self._result
 
 
+@dataclass(frozen=True)
+class Bundle:
+    """A report built in a folder that is gone: the zip of every file it held, how many PNGs
+    it made, and whether it is complete (not stopped, not failed)."""
+
+    zip: bytes
+    pngs: int
+    complete: bool
+
+
 class ReportTask(Task):
-    """A report bundle (``semviz.output.report.build``) written into ``out``: one unit runs it,
-    polling the stop request between two PNGs; it runs no model. The result is the
-    ``Report`` (None until built); what was written stays when stopped."""
+    """A report bundle (``semviz.output.report.build``): one unit builds it, polling the stop
+    request between two PNGs; it runs no model.
 
-    label = "Building the report"
+    With ``out``, the bundle is written there and stays; the result is the ``Report`` (None
+    until built). With ``out=None`` it is built in a temporary folder that goes when the unit
+    ends, even when it is stopped or fails; the result is a :class:`Bundle` of what was made.
+    """
 
-    def __init__(self, trace, out: str | Path, **kw: Any) -> None:
+    label = "Report build"
+
+    def __init__(self, trace, out: str | Path | None = None, **kw: Any) -> None:
         super().__init__()
-        self.trace, self.out, self.kw = trace, Path(out), kw
+        self.trace, self.out, self.kw = trace, None if out is None else Path(out), kw
         self._say = ("starting", 0.0)
-        self._report = None
+        self._made: Any = None
 
     def unit(self, turns: Turns) -> bool:
+        if self.out is not None:
+            self._made = self._build(self.out)
+            return False
+        import tempfile
+
+        from semviz.output import report
+
+        with tempfile.TemporaryDirectory(prefix="semviz-report-") as tmp:
+            rep = None
+            try:
+                rep = self._build(Path(tmp))
+            finally:  # what was made is kept when the build stops or fails
+                self._made = Bundle(
+                    report.zip_bytes(tmp),
+                    len(list(Path(tmp).glob("png/*.png"))),
+                    complete=rep is not None and not rep.stopped,
+                )
+        return False
+
+    def _build(self, out: Path) -> Any:
         from semviz.output import report
 
         def say(msg: str, frac: float) -> None:
             self._say = (msg, frac)
 
-        self._report = report.build(
-            self.trace, self.out, progress=say, should_stop=lambda: self.stopping, **self.kw
+        rep = report.build(
+            self.trace, out, progress=say, should_stop=lambda: self.stopping, **self.kw
         )
         self.stopped = self.stopping
-        return False
+        return rep
 
     def progress(self) -> Progress:
         msg, frac = self._say
         return Progress(int(round(100 * frac)), 100, msg, unit="%", seconds=self.seconds)
 
     def result(self) -> Any:
-        return self._report
+        return self._made

@@ -255,11 +255,13 @@ class SessionData:
     replay_memo: dict = field(default_factory=dict)  # semviz.analysis.replay.cached's store
     strip_cards: dict[int, dict] = field(default_factory=dict)  # hover cards by step
     # the pages' own work
-    kv_eval: list[dict] | None = None  # kv-eval's rows
-    kv_eval_job: dict = field(default_factory=lambda: {"running": False})
-    compare_job: dict = field(default_factory=lambda: {"running": False})  # Compare, A/B tour
+    compare_sides: tuple[str, str] = (  # Compare's two specs, kept across pages
+        "top_p=0.9",
+        "top_p=0.9,gravity_lambda=0.5,gravity_mode=rerank",
+    )
     tasks: dict = field(default_factory=dict)  # ui.work: the session's long work, by name
-    report_files: dict = field(default_factory=dict)  # Report: the loaded trace, the bundle
+    report_trace: Any = None  # Report: the saved trace it read
+    report_from: tuple[str, str] | None = None  # ("upload", file id) or ("path", path) it came from
     prefill_scan: tuple[list[int], list[float]] | None = None  # prompt lengths, seconds
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # ui.runner
 

@@ -1,6 +1,6 @@
 """The app's long work: one ``semviz.tasks.Task`` per session and name, run by one runner and
 shown by one panel. Generate's run, play and branches, the what-if ghost, kv-eval, Compare, a
-frontier sweep and the prefill scan all run this way.
+frontier sweep, a report build and the prefill scan all run this way.
 
 How it runs, in a few rules:
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
-from semviz.tasks import Task, Turns
+from semviz.tasks import Progress, Task, Turns
 from ui import server
 from ui.errors import report
 
@@ -37,6 +37,19 @@ STOP_WAIT = 10.0  # Stop waits this long at most for the unit in progress
 THREAD = "semviz-task"
 
 Keep = Callable[[Task, "str | None"], None]  # on_tick(task, error)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What a page keeps of a task once it has ended: its label, its result, how far it got,
+    and whether Stop or an error ended it. The task is let go, and with it what it held to do
+    the work (a batch's caches, a reference's tables)."""
+
+    label: str
+    result: object
+    progress: Progress
+    stopped: bool
+    failed: bool
 
 
 @dataclass
@@ -52,6 +65,7 @@ class Slot:
     place: object = None  # where the task waits in the model's line (None: not waiting)
     thread: threading.Thread | None = None
     drawn: bool = False  # running when a page run last refreshed it (``refresh``)
+    ended: Ended | None = None  # what the last task made, once its end has been kept
 
     @property
     def running(self) -> bool:
@@ -66,6 +80,38 @@ def task(sess, name: str) -> Task | None:
     """The session's running ``name`` task (None when there is none)."""
     s = slot(sess, name)
     return s.task if s is not None and s.running else None
+
+
+def ended(sess, name: str) -> Ended | None:
+    """What the session's last ``name`` task made, once it has ended and the page has kept its
+    end (None while one runs, or before any)."""
+    s = slot(sess, name)
+    return None if s is None or s.task is not None else s.ended
+
+
+def result(sess, name: str) -> object:
+    """What the session's ``name`` task has made: the running one's copy after its last unit,
+    else the last one's result (None before any)."""
+    s = slot(sess, name)
+    if s is None:
+        return None
+    if s.task is not None:
+        return s.task.latest
+    return None if s.ended is None else s.ended.result
+
+
+def error(sess, name: str) -> str | None:
+    """The sentence for the error that ended the session's last ``name`` task, or that kept
+    one from starting (:func:`fail`)."""
+    s = slot(sess, name)
+    return None if s is None else s.error
+
+
+def fail(sess, name: str, message: str) -> None:
+    """A ``name`` task could not start: its panel shows ``message``, and what the last one
+    made stays."""
+    s = sess.tasks.setdefault(name, Slot(None))
+    s.error = message
 
 
 def keep_ended(sess, name: str) -> None:
@@ -136,7 +182,11 @@ def _kept(s: Slot) -> None:
     if s.on_tick is not None:
         s.on_tick(t, s.error)
     if done:
-        s.task = None
+        failed = s.error is not None
+        s.task, s.ended = (
+            None,
+            Ended(t.label, t.latest, t.progress(), t.stopped and not failed, failed),
+        )
 
 
 def tick(s: Slot) -> None:
@@ -173,7 +223,12 @@ def tick_every() -> float:
 
 def progress_text(s: Slot) -> str:
     p = s.task.progress()
-    done = f"{p.done:,} of {p.total:,} {p.unit}" if p.total else f"{p.done:,} {p.unit}"
+    if p.unit == "%":
+        done = f"{p.done}%"
+    elif p.total:
+        done = f"{p.done:,} of {p.total:,} {p.unit}"
+    else:
+        done = f"{p.done:,} {p.unit}"
     eta = p.eta()
     left = (
         ""

@@ -274,6 +274,8 @@ class SweepResult:
     skipped_rows: int
     stopped: bool
     timings: dict = field(default_factory=dict)  # seconds: generate (sampler within), judge
+    path: str = ""  # the Parquet file
+    workers: int = 0  # Ray workers that generated the rows (0: this process)
 
 
 MAX_RESULTS_BYTES = 64 * files.MiB  # a full sweep (7 settings × 8 values × 96 rows) is < 1 MiB
@@ -438,7 +440,8 @@ def run_sweep(
     if on_progress is not None:
         on_progress(Progress(skipped + state["made"], total, "done"))
     mine = select(state["frame"], cfg, info.model, chat, prompts)
-    return SweepResult(mine, state["made"], skipped, stopped, timings)
+    workers = int(getattr(executor, "workers", None) or 0) if executor is not None else 0
+    return SweepResult(mine, state["made"], skipped, stopped, timings, str(out), workers)
 
 
 def select(frame: pd.DataFrame, cfg: SweepConfig, model: str, chat: bool, prompts) -> pd.DataFrame:

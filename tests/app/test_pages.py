@@ -266,10 +266,10 @@ def test_kv_policy_run_and_kv_eval(app):
     app.multiselect(key="kve_policies").set_value(["window", "h2o"])
     app.text_input(key="kve_budgets").input("8, 16")
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
-    job = app.session_state["semviz"].kv_eval_job
-    run_until(app, lambda: not job["running"])
+    sess = app.session_state["semviz"]
+    run_until(app, lambda: not work.running(sess, "kve"))
     assert not app.exception, app.exception
-    rows = app.session_state["semviz"].kv_eval
+    rows = work.result(sess, "kve")
     assert [(r["policy"], r["budget"]) for r in rows] == [
         ("full", None),
         ("window", 8),
@@ -287,18 +287,19 @@ def test_kv_policy_run_and_kv_eval(app):
     task = work.task(app.session_state["semviz"], "kve")
     wait_until(lambda: task.run.done > 0)  # its thread has scored a first token
     app.button(key="kve_stop").click().run()
-    assert not job["running"] and job["stopped"]
-    run = job["run"]
-    assert 0 < run.done < run.total == 512
-    rows = app.session_state["semviz"].kv_eval
-    assert [r["tokens"] for r in rows[1:]] == [run.done] * 4
+    e = work.ended(sess, "kve")
+    assert not work.running(sess, "kve") and e.stopped and not e.failed
+    done = e.progress.done
+    assert 0 < done < e.progress.total == 512
+    rows = work.result(sess, "kve")
+    assert [r["tokens"] for r in rows[1:]] == [done] * 4
     text = [p.proto.text for p in app.get("progress")]
-    assert any(f"stopped after {run.done} of 512 tokens" in t for t in text), text
+    assert any(f"stopped after {done} of 512 tokens" in t for t in text), text
     # a bad budget is one message; the rows stay
     app.text_input(key="kve_budgets").input("8, lots")
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
     assert any("budget must be a number" in e.value for e in app.error)
-    assert app.session_state["semviz"].kv_eval == rows
+    assert work.result(sess, "kve") == rows
 
 
 def test_pipeline_measures_prefill(generated):
@@ -322,10 +323,10 @@ def test_compare_counts_each_side_and_a_side_that_ended_is_finished(app):
     app.switch_page("app_pages/compare.py").run()
     app.number_input(key="cmp_steps").set_value(6)
     app.button(key="cmp_run").click().run()
-    job = app.session_state["semviz"].compare_job
-    run_until(app, lambda: not job["running"])
+    sess = app.session_state["semviz"]
+    run_until(app, lambda: not work.running(sess, "cmp"))
     assert not app.exception, app.exception
-    res = job["result"]
+    res = work.result(sess, "cmp")
     a, b = (s.label for s in res.sides)
     said = [c.value for c in app.caption if "first divergence" in c.value]
     assert len(said) == 1 and said[0].startswith(
@@ -347,10 +348,10 @@ def test_compare_stopped_keeps_its_tokens_and_lets_the_caches_go(app):
     app.switch_page("app_pages/compare.py").run()
     app.number_input(key="cmp_steps").set_value(200)
     app.button(key="cmp_run").click().run()
-    job = app.session_state["semviz"].compare_job
+    sess = app.session_state["semviz"]
 
     def decoding() -> bool:  # the task decodes in its own thread; the page keeps its result
-        res = job.get("result")
+        res = work.result(sess, "cmp")
         return res is not None and min(len(t.steps) for t in res.traces) > 0
 
     run_until(app, decoding)
@@ -363,9 +364,9 @@ def test_compare_stopped_keeps_its_tokens_and_lets_the_caches_go(app):
     ), bars[0].proto.text
     app.button(key="cmp_stop").click().run()
     assert not app.exception, app.exception
-    res = job["result"]
+    res = work.result(sess, "cmp")
     made = [len(t.steps) for t in res.traces]
-    assert not job["running"] and res.stopped and res.decoders == []
+    assert not work.running(sess, "cmp") and res.stopped and res.decoders == []
     assert 0 < min(made) and max(made) < 200
     said = [c.value for c in app.caption if "first divergence" in c.value]
     assert " · stopped · " in said[0], said
@@ -415,15 +416,16 @@ def test_a_kv_eval_that_fails_midway_does_not_say_done(app, monkeypatch):
     app.switch_page("app_pages/kv_cache.py").run()
     app.number_input(key="kve_tokens").set_value(32)
     app.button[[b.label for b in app.button].index("Run kv-eval")].click().run()
-    job = app.session_state["semviz"].kv_eval_job
-    run_until(app, lambda: not job["running"])
+    sess = app.session_state["semviz"]
+    run_until(app, lambda: not work.running(sess, "kve"))
     assert not app.exception
     text = [p.proto.text for p in app.get("progress")]
     assert not any("done" in t for t in text), text
-    run = job["run"]
-    assert 8 <= run.done < run.total == 32
+    e = work.ended(sess, "kve")
+    assert e.failed and not e.stopped
+    assert 8 <= e.progress.done < e.progress.total == 32
     assert text == [
-        f"kv-eval failed after {run.done} of 32 tokens: the rows score the tokens read."
+        f"kv-eval failed after {e.progress.done} of 32 tokens: the rows score the tokens read."
     ]
     assert errors(app) == [
         "Something went wrong in kv-eval: [enforce fail at alloc_cpu.cpp:117] "

@@ -246,7 +246,7 @@ def test_shared_report_has_no_path_box_and_reads_no_path(monkeypatch, tiny_dir, 
     assert not at.exception and not at.error
     assert "report_path" not in [w.key for w in at.text_input]
     assert "This server takes traces by upload only." in [c.value for c in at.caption]
-    assert "loaded" not in at.session_state["semviz"].report_files
+    assert at.session_state["semviz"].report_trace is None
 
 
 def test_single_user_report_still_reads_a_path(monkeypatch, tiny_dir, tmp_path):
@@ -475,25 +475,38 @@ def test_dropping_a_run_frees_its_memory(tiny_lm):
     assert not sessions.drop_run(sess, "again")  # nothing left to drop: no second notice
 
 
-def test_a_closed_kv_eval_tab_lets_its_evaluation_go(tiny_lm):
-    """The page's fragment closure keeps the job's dict after the run is dropped: the
-    evaluation it holds must go all the same."""
+def test_an_ended_kv_eval_keeps_its_rows_and_lets_its_evaluation_go(tiny_lm):
+    """What the page keeps of an ended task is its result: the evaluation (a reference's
+    log-probabilities, every row's cache) goes with the task, and a dropped run drops the rows."""
     import gc
     import weakref
 
     from semviz.eviction import KVEval
+    from semviz.tasks import KVEvalTask
+    from tests.app.conftest import wait_until
+    from ui import work
     from ui.state import SessionData
 
     sess = SessionData()
     run = KVEval(tiny_lm, list(range(5, 37)), ["full", "window"], (8,))
-    run.step()
-    job = sess.kv_eval_job  # the page's fragment holds it too
-    job.update(running=True, run=run)
     ref = weakref.ref(run)
+    task = KVEvalTask(run)
     del run
-    assert sessions.drop_run(sess, "gone")
+    work.start(sess, "kve", task)
+    del task
+    s = work.slot(sess, "kve")
+    wait_until(lambda: s.task.finished)
+    work.keep_ended(sess, "kve")
     gc.collect()
-    assert ref() is None and job == {"running": False} and sess.kv_eval_job is job
+    assert ref() is None
+    rows = work.result(sess, "kve")
+    assert [(r["policy"], r["budget"], r["tokens"]) for r in rows] == [
+        ("full", None, 31),
+        ("window", 8, 31),
+    ]
+    assert work.ended(sess, "kve").progress.done == 32
+    assert sessions.drop_run(sess, "gone")
+    assert work.result(sess, "kve") is None and sess.notice == "gone"
 
 
 def test_a_playing_page_draws_while_its_task_waits_in_the_models_line(

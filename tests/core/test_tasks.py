@@ -296,3 +296,55 @@ def test_report_task_writes_the_bundle_and_stops_between_views(tiny_lm, tmp_path
     s = ReportTask(dec.trace, tmp_path / "s", tokenizer=tiny_lm.tokenizer, png=False)
     s.stop()  # before it starts: nothing runs
     assert s.advance(60.0, Turns("page", ForwardQueue(poll=0.01))) and s.result() is None
+
+
+def _report_folders() -> set:
+    import tempfile
+    from pathlib import Path
+
+    return set(Path(tempfile.gettempdir()).glob("semviz-report-*"))
+
+
+def test_a_report_task_with_no_folder_keeps_a_zip_of_the_bundle_and_leaves_no_folder(tiny_lm):
+    import io
+    import zipfile
+
+    from semviz.tasks import ReportTask
+
+    dec = _decoder(tiny_lm, PruneParams())
+    dec.run(4)
+    before = _report_folders()
+    t = _to_the_end(ReportTask(dec.trace, tokenizer=tiny_lm.tokenizer, png=False))
+    made = t.result()
+    assert made.complete and made.pngs == 0 and not t.stopped
+    with zipfile.ZipFile(io.BytesIO(made.zip)) as z:
+        names = set(z.namelist())
+        kept = z.read("trace.json")
+    assert {"report.html", "report.json", "trace.json", "trace.parquet"} <= names
+    assert kept == dec.trace.to_json().encode()
+    assert _report_folders() == before
+
+
+def test_a_report_task_that_fails_keeps_what_it_wrote_and_raises(tiny_lm, monkeypatch):
+    import io
+    import zipfile
+
+    from semviz.output import report
+    from semviz.tasks import ReportTask
+
+    def half(trace, out, **kw):  # writes one file, then fails as a missing browser would
+        (out / "report.html").write_text("<html></html>")
+        raise RuntimeError("no browser for the PNGs")
+
+    monkeypatch.setattr(report, "build", half)
+    dec = _decoder(tiny_lm, PruneParams())
+    dec.run(2)
+    before = _report_folders()
+    t = ReportTask(dec.trace, tokenizer=tiny_lm.tokenizer, png=True)
+    with pytest.raises(RuntimeError, match="no browser"):
+        t.advance(60.0, Turns("page", ForwardQueue(poll=0.01)))
+    made = t.result()
+    assert not made.complete and made.pngs == 0
+    with zipfile.ZipFile(io.BytesIO(made.zip)) as z:
+        assert z.namelist() == ["report.html"]
+    assert _report_folders() == before

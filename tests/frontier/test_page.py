@@ -11,6 +11,7 @@ import pytest
 
 from semviz.frontier.sweep import SHIPPED
 from tests.frontier import synth
+from ui import work
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 PAGE = "app_pages/frontier.py"
@@ -29,11 +30,13 @@ def page(tiny_dir, monkeypatch):
     return at
 
 
-def run_page_sweep(at, out, *, seconds: float = 600, **fields) -> dict:
+def run_page_sweep(at, out, *, seconds: float = 600, **fields):
     """Fill the page's sweep form (``fields``: widget key without ``fr_`` → value), press
     Run sweep, and run the page (the task panel's ticks) until the sweep has ended; returns
-    the page's record of it."""
+    what the page kept of it (a ``ui.work.Ended``)."""
     import time
+
+    from ui import work
 
     for key, value in {**fields, "out": str(out)}.items():
         w = (
@@ -43,13 +46,14 @@ def run_page_sweep(at, out, *, seconds: float = 600, **fields) -> dict:
         )
         w.set_value(value)
     at.button(key="fr_run").click().run()
-    job = at.session_state["frontier_job"]
+    sess = at.session_state["semviz"]
     deadline = time.monotonic() + seconds
-    while job["running"] and time.monotonic() < deadline:
+    while work.running(sess, "fr") and time.monotonic() < deadline:
         time.sleep(0.3)
         at.run()  # the task panel's tick: it reads the sweep's progress into the page
-    assert not job["running"] and not job.get("error"), job.get("error")
-    return job
+    at.run()
+    assert not work.running(sess, "fr") and not work.error(sess, "fr"), work.error(sess, "fr")
+    return work.ended(sess, "fr")
 
 
 def _values(v) -> list:
@@ -122,7 +126,7 @@ def test_a_bad_sweep_setting_is_one_message_and_starts_nothing(page):
     page.text_input(key="fr_b").set_value("top_pp=0.9").run()
     page.button(key="fr_run").click().run()
     assert not page.exception
-    assert not page.session_state["frontier_job"]["running"]
+    assert work.slot(page.session_state["semviz"], "fr").task is None
     assert any("top_pp" in e.value for e in page.error)
 
 

@@ -143,10 +143,14 @@ def test_the_frontier_page_hands_its_sweep_to_ray_workers(
     at.run()
     at.switch_page(PAGE).run()
     out = tmp_path / "ray.parquet"
-    job = run_page_sweep(
+    ended = run_page_sweep(
         at, out, a="min_p=0.1", b="top_p=0.9", values="0.7", n=2, seeds=1, tokens=4, workers=1
     )
-    assert job["result"] == "4 new rows on 1 Ray worker, 0 already there"
+    res = ended.result
+    assert (res.new_rows, res.skipped_rows, res.workers, res.path) == (4, 0, 1, str(out))
+    assert [m.value for m in at.success] == [
+        f"Sweep finished on 1 Ray worker: 4 new rows, 0 already there, in `{out}`."
+    ]
     assert not ray.is_initialized()  # the Ray the sweep started is shut down
     cfg = SweepConfig(  # the form's defaults
         settings=(parse_side("min_p=0.1"), parse_side("top_p=0.9")),

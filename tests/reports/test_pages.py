@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.app.conftest import APP, TIMEOUT, run_steps, run_until, settle
+from ui import work
 
 NEW_PAGES = [
     "app_pages/compare.py",
@@ -119,11 +120,14 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     tmp = Path(tempfile.gettempdir())
     before = set(tmp.glob("semviz-report-*"))
     at.button(key="report_build").click().run()
+    sess = at.session_state["semviz"]
+    run_until(at, lambda: work.ended(sess, "report") is not None)
     no_errors(at)
     assert set(tmp.glob("semviz-report-*")) == before  # the page keeps the zip, not the folder
-    store = at.session_state["semviz"].report_files
-    assert store["done"]
-    with zipfile.ZipFile(io.BytesIO(store["zip"])) as z:
+    made = work.ended(sess, "report").result
+    assert made.complete and made.pngs == 0
+    assert at.success[0].value.startswith("Report complete: report.html, trace.json")
+    with zipfile.ZipFile(io.BytesIO(made.zip)) as z:
         names = set(z.namelist())
         page = z.read("report.html").decode()
     assert {"report.html", "report.json", "trace.json", "trace.parquet"} <= names
@@ -164,10 +168,10 @@ def test_compare_page_runs_and_stops(new_app):
     at.switch_page("app_pages/compare.py").run()
     at.number_input(key="cmp_steps").set_value(4).run()
     at.button(key="cmp_run").click().run()
-    job = at.session_state["semviz"].compare_job
-    run_until(at, lambda: not job["running"])
+    sess = at.session_state["semviz"]
+    run_until(at, lambda: not work.running(sess, "cmp"))
     no_errors(at)
-    res = job["result"]
+    res = work.result(sess, "cmp")
     assert res.steps == 4 and len(res.traces) == 2
     assert at.get("plotly_chart") and at.dataframe
     table = at.dataframe[0].value
@@ -182,11 +186,12 @@ def test_compare_page_runs_and_stops(new_app):
     # a long run stopped after the first tick keeps its tokens
     at.number_input(key="cmp_steps").set_value(200).run()
     at.button(key="cmp_run").click().run()
-    job = at.session_state["semviz"].compare_job
-    run_until(at, lambda: job.get("result") is not None and len(job["result"].traces[0].steps))
+    res = lambda: work.result(sess, "cmp")  # noqa: E731
+    run_until(at, lambda: res() is not None and len(res().traces[0].steps))
     at.button(key="cmp_stop").click().run()
-    made = [len(t.steps) for t in job["result"].traces]
-    assert not job["running"] and job["result"].stopped and 1 <= min(made) <= max(made) < 200
+    made = [len(t.steps) for t in res().traces]
+    assert not work.running(sess, "cmp") and res().stopped and 1 <= min(made) <= max(made) < 200
+    assert work.ended(sess, "cmp").stopped
     # a bad side is one message, nothing else breaks
     at.text_input(key="cmp_b").input("top_pp=0.9").run()
     at.button(key="cmp_run").click().run()
