@@ -9,13 +9,11 @@ section), so a field added there with a widget shows up here by itself.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import streamlit as st
 
 from semviz.model.load import DEFAULT_MODEL
 from semviz.sampling.presets import PRESETS
-from ui import kv, nav, server, sessions
+from ui import nav, server, sessions
 from ui.errors import log
 from ui.state import (
     IMPOSED,
@@ -72,11 +70,6 @@ def read_link(qp, notes: list[str]) -> Settings:
     clamped to the widgets' ranges, unknown choices dropped, the server's limits applied;
     ``step`` and ``steps`` (read by the pages) checked the same way."""
     s = Settings.from_query_params(qp, notes)
-    if s.kv_policy not in kv.policy_names():
-        notes.append(
-            f"Ignored kv_policy={s.kv_policy[:40]!r}: expected one of {kv.policy_names()}."
-        )
-        s = replace(s, kv_policy="none")
     for name in ("step", "steps"):
         url_count(name, qp.get(name), notes)
     return server.limit_settings(s, notes, asked=set(qp.keys()))
@@ -163,7 +156,7 @@ def sidebar() -> Settings:
                 if spec_of(name).group == group:
                     _param_widget(name)
     with sb.expander("KV cache & run", expanded=False):
-        st.selectbox(spec_of("kv_policy").label, kv.policy_names(), key=K + "kv_policy")
+        st.selectbox(spec_of("kv_policy").label, spec_of("kv_policy").choices, key=K + "kv_policy")
         _number("kv_budget")
         c1, c2 = st.columns(2)
         _number("seed", c1)

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from semviz.decoding.decoder import Decoder, DecodeSettings, encode_prompt, token_hex
+from semviz.eviction import make_policy
 from semviz.output import escape
 from semviz.output.style import display_token, piece_text, step_token
 from semviz.output.trace import Trace
 from semviz.sampling import PruneParams
 from semviz.tasks import DecodeTask, Edit, Recipe
-from ui import kv, server, work
+from ui import server, work
 from ui.model import get_model
 from ui.state import SessionData, Settings
 
@@ -142,7 +143,11 @@ def builder(settings: Settings, params: PruneParams | None = None) -> Callable[[
     a model turn). The prompt, model and cache policy are checked now: user errors raise
     here, before any task starts."""
     lm = get_model(settings.model_name())
-    policy = kv.make_policy(settings.kv_policy, settings.kv_budget)
+    policy = (
+        None
+        if settings.kv_policy == "none"
+        else make_policy(settings.kv_policy, budget=int(settings.kv_budget))
+    )
     steps = server.config().cap_steps(settings.max_new_tokens)
     dec_settings = DecodeSettings(seed=int(settings.seed), max_new_tokens=steps, chat=settings.chat)
     ids = server.check_prompt(encode_prompt(lm, settings.prompt, settings.chat))

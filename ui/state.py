@@ -1,10 +1,13 @@
 """Every control the pages share, in one frozen dataclass, and the session's own state.
 
-``Settings`` is the single source of truth for what the sidebar shows. Its run fields
-(model, prompt, seed, …) are declared here; its sampling fields are not: they are the
-``PruneParams`` fields whose metadata gives an app widget (see ``semviz.sampling.params``),
-with that metadata's range, help, label and app default. A field added there with a widget
-appears in ``Settings``, the sidebar and the URL without an edit here.
+``Settings`` is the single source of truth for what the sidebar shows, and it declares almost
+nothing itself. Its run fields (model, chat, seed, the KV policy and budget, max new tokens)
+are ``semviz.decoding.settings.RunSettings``'s, which the CLI's flags read too, so a range is
+the same in the sidebar, the URL and the CLI; only the prompt, the preset and Run N are the
+app's own. Its sampling fields are the ``PruneParams`` fields whose metadata gives an app
+widget (see ``semviz.sampling.params``), with that metadata's range, help, label and app
+default. A field added there with a widget appears in ``Settings``, the sidebar and the URL
+without an edit here.
 
 Widgets are keyed ``s_<field>`` in ``st.session_state``; the sidebar is drawn by ``app.py``
 on every rerun, so its values survive page switches. ``Settings.to_query_params`` /
@@ -22,6 +25,7 @@ import threading
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
+from semviz.decoding.settings import RunSettings
 from semviz.model.load import model_key
 from semviz.sampling import SPECS, FieldSpec, PruneParams, parse_value, setting
 from semviz.sampling.presets import PRESETS
@@ -67,44 +71,54 @@ def spec_of(name: str) -> FieldSpec:
     return Settings.__dataclass_fields__[name].metadata["spec"]
 
 
+def _run_field(name: str, **app: Any) -> tuple[str, Any, Any]:
+    """A ``Settings`` field for ``RunSettings.<name>``, the run's one declaration (range, help,
+    label, app default), with ``app`` changing its spec where the sidebar differs."""
+    f = RunSettings.__dataclass_fields__[name]
+    spec = replace(f.metadata["spec"], **app)
+    default = spec.app_default if spec.default_in_app else f.default
+    return name, f.type, field(default=default, metadata={"spec": spec})
+
+
+# The controls that are not sampling parameters, in the sidebar's order: the run's fields
+# from ``RunSettings`` and the app's own (the prompt, the preset, Run N).
+_RUN_FIELDS = [
+    _run_field("model"),
+    ("prompt", str, setting(DEFAULT_PROMPT, "The text the model continues.", label="Prompt")),
+    _run_field(  # a toggle: on or off
+        "chat",
+        optional=False,
+        note="",
+        app_default=True,
+        help="Wrap the prompt in the model's chat template.",
+    ),
+    (
+        "preset",
+        str,
+        setting(
+            "custom",
+            "Sets the sliders below to a scenario's parameters.",
+            choices=("custom", *PRESETS),
+            label="Scenario preset",
+        ),
+    ),
+    _run_field("kv_policy"),
+    _run_field("kv_budget"),
+    _run_field("seed"),
+    (
+        "run_n",
+        int,
+        setting(
+            32, "Tokens one press of Run adds.", lo=1, hi=2048, app=(1, 2048, 1), label="Run N"
+        ),
+    ),
+    _run_field("max_new_tokens"),
+]
+
+
 @dataclass(frozen=True)
 class _RunSettings:
-    """The controls that are not sampling parameters, and what every ``Settings`` can do."""
-
-    model: str = setting(
-        "",
-        "Empty for the offline default; or a local model folder, a .gguf file, or a "
-        "Hugging Face id (needs the hub).",
-        label="Model",
-    )
-    prompt: str = setting(DEFAULT_PROMPT, "The text the model continues.", label="Prompt")
-    chat: bool = setting(
-        True, "Wrap the prompt in the model's chat template.", label="Chat template"
-    )
-    preset: str = setting(
-        "custom",
-        "Sets the sliders below to a scenario's parameters.",
-        choices=("custom", *PRESETS),
-        label="Scenario preset",
-    )
-    kv_policy: str = setting("none", "KV-cache eviction policy.", label="KV policy")
-    kv_budget: int = setting(
-        256, "Tokens the cache keeps.", lo=8, hi=8192, app=(8, 8192, 8), label="KV budget (tokens)"
-    )
-    seed: int = setting(
-        0, "Seed of the run's sampler.", lo=0, hi=2**31 - 1, app=(0, 2**31 - 1, 1), label="Seed"
-    )
-    run_n: int = setting(
-        32, "Tokens one press of Run adds.", lo=1, hi=2048, app=(1, 2048, 1), label="Run N"
-    )
-    max_new_tokens: int = setting(
-        512,
-        "Most tokens a run generates.",
-        lo=1,
-        hi=8192,
-        app=(1, 8192, 16),
-        label="Max new tokens",
-    )
+    """What every ``Settings`` can do (its fields are ``_RUN_FIELDS`` and the sliders)."""
 
     # -- core parameters -------------------------------------------------------------------
     def prune_params(self) -> PruneParams:
@@ -212,11 +226,14 @@ def _param_field(name: str) -> tuple[str, Any, Any]:
 
 
 Settings = make_dataclass(
-    "Settings", [_param_field(n) for n in PARAM_FIELDS], bases=(_RunSettings,), frozen=True
+    "Settings",
+    [*_RUN_FIELDS, *(_param_field(n) for n in PARAM_FIELDS)],
+    bases=(_RunSettings,),
+    frozen=True,
 )
 Settings.__module__ = __name__
 Settings.__doc__ = """The shared controls. Field names are the widget keys without the ``s_``
-prefix: the run fields of ``_RunSettings``, then every ``PruneParams`` field with an app
+prefix: the run fields (``_RUN_FIELDS``), then every ``PruneParams`` field with an app
 widget (``PARAM_FIELDS``)."""
 
 

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from semviz.decoding.settings import KV_POLICIES
 from tests.app.conftest import click_step, link_notes, settle
-from ui import kv, nav
+from ui import nav
 from ui.state import COUNT, Settings, spec_of
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -167,7 +168,7 @@ def check(at, page: str, query: dict[str, str], *, shared: bool) -> None:
             assert lo <= v <= hi and math.isfinite(v), (f.name, v, query)
         elif spec.kind == "choice":
             assert v in spec.choices, (f.name, v)
-    assert s.kv_policy in kv.policy_names()
+    assert s.kv_policy in KV_POLICIES
     if shared:
         from ui.server import config
 

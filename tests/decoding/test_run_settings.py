@@ -73,18 +73,25 @@ def test_every_subcommand_takes_the_declared_ranges(cmd, capsys):
         assert e.value.code == 2 and f"argument {flag}:" in err and err.count("\n") == 1, err
 
 
-def test_the_cli_and_the_app_agree_on_every_range():
-    """The app's controls (``ui.state.Settings``) accept exactly what the CLI does."""
-    from ui.kv import policy_names
+def test_the_app_s_run_controls_are_the_cli_s_declaration():
+    """The app's run controls (``ui.state.Settings``) are ``RunSettings``' fields, spec for
+    spec, so the sidebar, the URL and the CLI accept the same values; only the chat template
+    differs, a toggle in the app where the CLI also has "auto"."""
+    import dataclasses
+
     from ui.state import Settings
 
     app = {f.name: f.metadata["spec"] for f in Settings.__dataclass_fields__.values()}
-    for name in ("seed", "max_new_tokens", "kv_budget"):
-        ours, theirs = RUN_SPECS[name], app[name]
-        assert (ours.lo, ours.hi, ours.app) == (theirs.lo, theirs.hi, theirs.app), name
+    for name in ("model", "seed", "max_new_tokens", "kv_policy", "kv_budget"):
+        assert app[name] == RUN_SPECS[name], name
+    assert dataclasses.replace(app["chat"], optional=RUN_SPECS["chat"].optional) == (
+        dataclasses.replace(RUN_SPECS["chat"], note="", help=app["chat"].help)
+    )
+    assert not app["chat"].optional and RUN_SPECS["chat"].optional
     assert RUN_SPECS["seed"].hi == SEED_MAX == 2**31 - 1
-    assert tuple(policy_names()) == KV_POLICIES
+    assert app["kv_policy"].choices == KV_POLICIES
     assert Settings().chat is RUN_SPECS["chat"].app_default is True
+    assert Settings().max_new_tokens == RUN_SPECS["max_new_tokens"].app_default == 512
 
 
 def test_trace_runs_with_a_kv_policy(tiny_dir, tmp_path, capsys):
