@@ -43,14 +43,33 @@ def settle(at, timeout: float = 60.0):
 
 
 def run_until(at, cond, timeout: float = 60.0):
-    """Run the page until ``cond()`` (a task working in its own thread), then once more."""
+    """Run the page until ``cond()`` (a task working in its own thread), then once more.
+
+    Between two runs it waits for ``cond()`` or for the session's tasks to end, at most
+    ``EVERY`` seconds: a page run while a task works only takes the CPU from it, and one run
+    a second keeps the task from pausing as if its tab had closed."""
     t0 = time.monotonic()
     while not cond():
         assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.02)
+        _wait_for_work(at, cond, min(EVERY, max(0.0, t0 + timeout - time.monotonic())))
         at.run()
     at.run()
     return at
+
+
+EVERY = 1.0  # seconds between two page runs while a task works (``ui.work.ORPHAN_SECONDS`` is 5)
+
+
+def _wait_for_work(at, cond, seconds: float) -> None:
+    """Wait until ``cond()``, or until none of the session's tasks is still working, or
+    ``seconds`` have passed."""
+    sess = at.session_state["semviz"] if "semviz" in at.session_state else None
+    slots = list(getattr(sess, "tasks", {}).values())
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond() or not any(s.task is not None and not s.task.finished for s in slots):
+            return
+        time.sleep(0.01)
 
 
 def wait_until(cond, timeout: float = 30.0) -> None:

@@ -154,12 +154,13 @@ def _settle(page, timeout: float = 8.0) -> None:
     time.sleep(0.3)
 
 
-def _shoot(page, name: str, w: int, h: int) -> None:
-    """The first screen, and the whole page (the main block scrolls inside the viewport)."""
+def _shoot(page, name: str, w: int, h: int, whole: bool = True) -> None:
+    """The first screen, and with ``whole`` the whole page (the main block scrolls inside the
+    viewport)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}_{w}x{h}.png"))
     full = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-    if full > h + 10:
+    if whole and full > h + 10:
         page.set_viewport_size({"width": w, "height": min(full, 8000)})
         _settle(page)
         page.screenshot(path=str(SHOTS / f"{name}_{w}x{h}_full.png"))
@@ -191,7 +192,8 @@ def test_no_label_or_metric_is_cut(run_page):
                 cut = page.evaluate(CLIPPED_TEXT, '[data-testid="stMain"]')
                 cut += page.evaluate(CLIPPED_CHART_TEXT)
                 problems += [f"{where}: {c}" for c in cut]
-                _shoot(page, f"{slug}_{theme}", w, h)
+                # the whole page at the last size only: each tall shot re-lays out the charts
+                _shoot(page, f"{slug}_{theme}", w, h, whole=(w, h) == SIZES[-1])
     assert not problems, f"{len(problems)} cut:\n" + "\n".join(problems[:60])
 
 
