@@ -286,9 +286,19 @@ def _sweep_form() -> None:
         c3.selectbox(
             "Prompt half", ["dev", "test"], key="fr_split", help="Tune on dev; report on test."
         )
-        c1.number_input("Prompts", 1, 24, 12, key="fr_n")
-        c2.number_input("Seeds", 1, 8, 2, key="fr_seeds")
-        c3.number_input("New tokens", 4, 256, 48, key="fr_tokens")
+        half = len(fr.load_prompts(split=st.session_state.get("fr_split", "dev")))
+        c1.number_input(
+            "Prompts",
+            1,
+            half,
+            min(12, half),
+            key="fr_n",
+            help=f"The first N of the half's {half} prompts (the kinds stay balanced).",
+        )
+        # the CLI's defaults: self-BLEU and pooled distinct-n compare a prompt's seeds
+        defaults = fr.SweepConfig.__dataclass_fields__
+        c2.number_input("Seeds", 1, 16, defaults["seeds"].default, key="fr_seeds")
+        c3.number_input("New tokens", 4, 512, defaults["new_tokens"].default, key="fr_tokens")
         c1, c2 = st.columns([3, 1])
         c1.text_input("Write results to", fr.DEFAULT_OUT, key="fr_out")
         c2.number_input(
