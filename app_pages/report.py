@@ -8,6 +8,8 @@ Stop ends the PNG export after the current image; what was made is kept and can 
 downloaded.
 """
 
+from pathlib import Path
+
 import streamlit as st
 
 from semviz.analysis.metrics import METRIC_INFO, run_metrics
@@ -19,6 +21,15 @@ from ui import page, server, views, work
 ctx = page.context("Report")
 views.page_css()
 sess = ctx.sess
+
+
+def _file_key(path: str) -> tuple:
+    """A file as read: its path and when it was last written (None when it cannot be read)."""
+    try:
+        return ("path", path, Path(path).stat().st_mtime_ns)
+    except OSError:
+        return ("path", path, None)
+
 
 source = st.radio(
     "Report on", ["the current run", "a saved trace"], horizontal=True, key="report_source"
@@ -47,9 +58,9 @@ else:
             # the size is checked before the bytes are parsed
             sess.report_trace = Trace.from_json(up.getvalue(), max_bytes=cfg.trace_bytes())
             sess.report_from = ("upload", up.file_id)
-        elif path.strip() and sess.report_from != ("path", path.strip()):
-            sess.report_trace = Trace.load(path.strip())
-            sess.report_from = ("path", path.strip())
+        elif path.strip() and sess.report_from != (here := _file_key(path.strip())):
+            sess.report_trace = Trace.load(path.strip())  # again when the file has changed
+            sess.report_from = here
     except TraceError as exc:
         st.error(f"Trace not read: {escape.markdown(exc)}", icon="⚠️")
     trace = sess.report_trace

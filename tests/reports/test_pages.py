@@ -146,6 +146,11 @@ def test_report_page_builds_a_zip_and_reloads_a_trace(new_app, tmp_path):
     again = report.views(Trace.load(tmp_path / "t.json"), tokenizer=lm.tokenizer, lm=lm)
     assert [v.json() for v in again] == specs(at2)
     assert {"lens_layers", "lens_blocks"} <= {v.name for v in again}  # the page passes its model
+    # the file written again (a longer run): the page reads it again, not the copy it had
+    run_steps(at, 2)
+    at.session_state["semviz"].decoder.trace.save(tmp_path / "t.json")
+    at2.run()
+    assert len(at2.session_state["semviz"].report_trace.steps) == 7
     at2.text_input(key="report_path").input(str(tmp_path / "missing.json")).run()
     assert any("Trace not read" in e.value for e in at2.error)
 
