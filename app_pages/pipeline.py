@@ -6,9 +6,10 @@ import numpy as np
 import streamlit as st
 
 from semviz.decoding.decoder import encode_prompt
-from semviz.model.forward import kv_bytes_per_token, prefill_scan
+from semviz.model.forward import kv_bytes_per_token
 from semviz.output import charts, escape, style
-from ui import page, server, views
+from semviz.tasks import PrefillScanTask
+from ui import page, server, views, work
 from ui.errors import guard
 
 ctx = page.context("Pipeline")
@@ -104,29 +105,28 @@ if dec is not None and ctx.steps:
 st.subheader("4 · Prefill time vs prompt length")
 limit = min(lm.max_context - 1, 2048, server.config().max_prompt_tokens or 2048)
 lengths = [n for n in (32, 128, 256, 512, 1024, 1536, 2048) if n <= limit]
-if st.button(
+st.button(
     "Measure prefill times",
     key="pipe_measure",
     help="Runs the model on prompts of several lengths.",
-):
-    bar = st.progress(0.0, text="measuring…")
+    on_click=lambda: work.start(ctx.sess, "scan", PrefillScanTask(lm, lengths)),
+    disabled=work.running(ctx.sess, "scan"),
+)
 
-    def tick(done: int, total: int) -> None:
-        bar.progress(done / total, text=f"measuring… {done}/{total}")
-        turn.let_others()
 
-    with guard("measuring prefill"), server.model_turn() as turn:
-        ctx.sess.prefill_scan = prefill_scan(lm, lengths, on_progress=tick)
-        bar.empty()
-if ctx.sess.prefill_scan:
-    n, s = ctx.sess.prefill_scan
-    views.chart(charts.prefill_scaling_figure(n, s), key="pipe_prefill")
-    st.caption(
-        "Attention compares every token with every earlier one, so prefill grows as n² "
-        "once the prompt is long; the MLPs and projections grow as n."
-    )
-else:
-    st.caption(f"Press the button to time prefill at {', '.join(map(str, lengths))} tokens.")
+def _scan() -> None:
+    made = work.result(ctx.sess, "scan")  # (lengths, seconds) so far
+    if made is not None and made[0]:
+        views.chart(charts.prefill_scaling_figure(*made), key="pipe_prefill")
+        st.caption(
+            "Attention compares every token with every earlier one, so prefill grows as n² "
+            "once the prompt is long; the MLPs and projections grow as n."
+        )
+    else:
+        st.caption(f"Press the button to time prefill at {', '.join(map(str, lengths))} tokens.")
+
+
+work.panel(ctx.sess, "scan", _scan)
 
 st.subheader("5 · The sampling chain, in the order the live settings run it")
 if ctx.params is not None:

@@ -279,7 +279,6 @@ class SessionData:
     tasks: dict = field(default_factory=dict)  # ui.work: the session's long work, by name
     report_trace: Any = None  # Report: the saved trace it read
     report_from: tuple | None = None  # ("upload", file id) or ("path", path, mtime) it came from
-    prefill_scan: tuple[list[int], list[float]] | None = None  # prompt lengths, seconds
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # ui.runner
 
     @property

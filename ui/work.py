@@ -10,8 +10,11 @@ How it runs, in a few rules:
   (``Task.latest``), so a page never waits for the model and takes no lock to draw it.
 - :func:`panel` draws the progress (phase, how far, the time left, the place in the line),
   Stop, and the page's view of the work, in one fragment that reruns every ``tick_every()``
-  seconds while the task runs. Each rerun calls ``on_tick(task, error)``, where the page
-  copies what it keeps; when the task ends the whole page reruns once.
+  seconds while the task runs; when the task ends the whole page reruns once. What a task made
+  stays when it ends, as an :class:`Ended` (its result, how far it got, whether Stop or an
+  error ended it), which the page reads with :func:`result` and :func:`ended`; the task itself
+  is let go. A page that must act on each unit (the run keeps its decoder) passes
+  ``on_tick(task, error)``, which each rerun calls.
 - Stop asks the task to end after the unit in progress and waits for that unit; the task
   keeps what it made.
 - A task whose page stops ticking (a closed tab) pauses between two units after

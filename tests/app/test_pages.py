@@ -305,10 +305,15 @@ def test_kv_policy_run_and_kv_eval(app):
 def test_pipeline_measures_prefill(generated):
     at = generated
     at.switch_page("app_pages/pipeline.py").run()
+    charts_before = len(at.get("plotly_chart"))
     at.button(key="pipe_measure").click().run()
+    sess = at.session_state["semviz"]
+    run_until(at, lambda: not work.running(sess, "scan"))  # a task, in its own thread
     assert not at.exception
-    assert at.session_state["semviz"].prefill_scan is not None
-    assert len(at.get("plotly_chart")) >= 3
+    lengths, seconds = work.result(sess, "scan")
+    assert lengths == [32, 128, 256, 512, 1024, 1536, 2048][: len(lengths)] and len(lengths) >= 3
+    assert len(seconds) == len(lengths) and all(s > 0 for s in seconds)
+    assert len(at.get("plotly_chart")) == charts_before + 1  # the prefill chart
     # characters per token of the typed text, not of the text plus the chat template's tokens
     settings = at.session_state["settings"]
     lm = at.session_state["semviz"].decoder.lm

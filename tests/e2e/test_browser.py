@@ -137,7 +137,9 @@ def test_pages_step_slider_screenshots(browser, app_url):
             if slug == "pipeline":
                 body = page.inner_text("body")
                 assert "dequantised to float32" in body and "Q4_1-quantised model" in body
-                click(page, "Measure prefill times")
+                click(page, "Measure prefill times")  # a task: its chart comes when it ends
+                page.wait_for_selector("text=Attention compares every token", timeout=300_000)
+                wait_idle(page)
             if slug == "kv_cache":
                 page.get_by_role("button", name="Run kv-eval").click()
                 page.wait_for_selector("text=kv-eval: done", timeout=600_000)
