@@ -480,14 +480,18 @@ def extend(w: WhatIf, trace: Trace) -> WhatIf | None:
 
 
 def cached(store: dict, trace: Trace, params: PruneParams, **kw) -> WhatIf:
-    """:func:`replay` memoised in ``store`` (a session's dict) on trace identity, length, params.
+    """:func:`replay` memoised in ``store`` (a session's dict) on the run, its length and last
+    step, and the params.
 
-    When the same run has grown under the same settings (a run that plays on), the stored
-    replay is carried on over the new steps (:func:`extend`) rather than redone."""
+    The run is named by its first step record, which every copy of the trace shares (a page
+    draws the copy a decoding task keeps after each token, a new object each time), so a run
+    that plays on under the same settings has the stored replay carried on over its new steps
+    (:func:`extend`) rather than redone from step 0 at every redraw."""
+    steps = trace.steps
     key = (
-        id(trace),
-        len(trace.steps),
-        trace.steps[-1].token_id if trace.steps else None,
+        id(steps[0]) if steps else id(trace),
+        len(steps),
+        id(steps[-1]) if steps else None,  # held by the stored replay (``WhatIf.last``)
         params,
         kw.get("hidden") is not None,
     )

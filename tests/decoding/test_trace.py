@@ -333,6 +333,47 @@ def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, p
     assert again.n == 13 and again.token_ids == rp.replay(d.trace, params).token_ids
 
 
+def test_a_copy_of_a_growing_run_carries_its_replay_on(tiny_lm, monkeypatch):
+    """A page draws the copy of the trace that a decoding task keeps after each token, a new
+    object each time: the stored replay is found again, and carried on over the new steps."""
+    import copy
+
+    from semviz.analysis import replay as rp
+
+    d = Decoder(
+        tiny_lm,
+        "A quiet harbour at dawn",
+        PruneParams(temperature=0.9),
+        DecodeSettings(max_new_tokens=40, seed=3),
+    )
+
+    def view():  # as ``DecodeTask.result`` copies it
+        tr = copy.copy(d.trace)
+        tr.steps = list(tr.steps)
+        return tr
+
+    params = PruneParams(temperature=1.3, top_k=20)
+    store: dict = {}
+    d.run(5)
+    first = rp.cached(store, view(), params)
+    assert rp.cached(store, view(), params) is first  # another copy of the same steps
+    d.run(4)
+    pruned = []
+    prune = rp.sampling.prune
+    V = tiny_lm.model.config.vocab_size  # a re-prune over every logit decides an open pick
+
+    def counted(logits, *a, **k):
+        pruned.extend([1] if logits.numel() != V else [])
+        return prune(logits, *a, **k)
+
+    monkeypatch.setattr(rp.sampling, "prune", counted)
+    grown = rp.cached(store, view(), params)
+    monkeypatch.undo()
+    assert len(pruned) == 4 and grown.n == 9  # only the new steps were re-pruned
+    full = rp.replay(d.trace, params)
+    assert grown.token_ids == full.token_ids and grown.chosen == full.chosen
+
+
 def _hostile(trace, n: int, depth: int = 3) -> str:
     """A valid-looking trace whose first step's ``extra`` holds ``n`` small nested lists."""
     d = _doc(trace)
