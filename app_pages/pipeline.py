@@ -122,7 +122,7 @@ def _scan() -> None:
             "Attention compares every token with every earlier one, so prefill grows as n² "
             "once the prompt is long; the MLPs and projections grow as n."
         )
-    else:
+    elif not work.running(ctx.sess, "scan"):  # while it runs, the panel says how far it is
         st.caption(f"Press the button to time prefill at {', '.join(map(str, lengths))} tokens.")
 
 
