@@ -285,6 +285,36 @@ def test_an_lse_below_the_top_logit_is_refused(trace):
         Trace.from_json(json.dumps(doc))
 
 
+def _harbour(tiny_lm) -> Decoder:
+    """The run the replay-memo tests grow."""
+    return Decoder(
+        tiny_lm,
+        "A quiet harbour at dawn",
+        PruneParams(temperature=0.9),
+        DecodeSettings(max_new_tokens=40, seed=3),
+    )
+
+
+def _counting_reprunes(monkeypatch, tiny_lm, fn):
+    """``fn()`` and how many steps it re-pruned (a re-prune over every logit, which decides
+    an open pick, is not counted)."""
+    from semviz.analysis import replay as rp
+
+    pruned = []
+    prune = rp.sampling.prune
+    V = tiny_lm.model.config.vocab_size
+
+    def counted(logits, *a, **k):
+        pruned.extend([1] if logits.numel() != V else [])
+        return prune(logits, *a, **k)
+
+    monkeypatch.setattr(rp.sampling, "prune", counted)
+    try:
+        return fn(), pruned
+    finally:
+        monkeypatch.undo()
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -297,27 +327,14 @@ def test_an_lse_below_the_top_logit_is_refused(trace):
 def test_a_growing_run_carries_its_replay_on_and_equals_a_full_replay(tiny_lm, params, monkeypatch):
     from semviz.analysis import replay as rp
 
-    d = Decoder(
-        tiny_lm,
-        "A quiet harbour at dawn",
-        PruneParams(temperature=0.9),
-        DecodeSettings(max_new_tokens=40, seed=3),
-    )
+    d = _harbour(tiny_lm)
     store: dict = {}
     d.run(5)
     first = rp.cached(store, d.trace, params)
     d.run(7)
-    pruned = []
-    prune = rp.sampling.prune
-    V = tiny_lm.model.config.vocab_size  # a re-prune over every logit decides an open pick
-
-    def counted(logits, *a, **k):
-        pruned.extend([1] if logits.numel() != V else [])
-        return prune(logits, *a, **k)
-
-    monkeypatch.setattr(rp.sampling, "prune", counted)
-    grown = rp.cached(store, d.trace, params)
-    monkeypatch.undo()
+    grown, pruned = _counting_reprunes(
+        monkeypatch, tiny_lm, lambda: rp.cached(store, d.trace, params)
+    )
     assert len(pruned) == 7  # only the new steps were re-pruned
     assert first.n == 5 and len(first.results) == 5  # the earlier replay is left as it was
     assert grown is not first and grown.n == 12
@@ -340,12 +357,7 @@ def test_a_copy_of_a_growing_run_carries_its_replay_on(tiny_lm, monkeypatch):
 
     from semviz.analysis import replay as rp
 
-    d = Decoder(
-        tiny_lm,
-        "A quiet harbour at dawn",
-        PruneParams(temperature=0.9),
-        DecodeSettings(max_new_tokens=40, seed=3),
-    )
+    d = _harbour(tiny_lm)
 
     def view():  # as ``DecodeTask.result`` copies it
         tr = copy.copy(d.trace)
@@ -358,17 +370,9 @@ def test_a_copy_of_a_growing_run_carries_its_replay_on(tiny_lm, monkeypatch):
     first = rp.cached(store, view(), params)
     assert rp.cached(store, view(), params) is first  # another copy of the same steps
     d.run(4)
-    pruned = []
-    prune = rp.sampling.prune
-    V = tiny_lm.model.config.vocab_size  # a re-prune over every logit decides an open pick
-
-    def counted(logits, *a, **k):
-        pruned.extend([1] if logits.numel() != V else [])
-        return prune(logits, *a, **k)
-
-    monkeypatch.setattr(rp.sampling, "prune", counted)
-    grown = rp.cached(store, view(), params)
-    monkeypatch.undo()
+    grown, pruned = _counting_reprunes(
+        monkeypatch, tiny_lm, lambda: rp.cached(store, view(), params)
+    )
     assert len(pruned) == 4 and grown.n == 9  # only the new steps were re-pruned
     full = rp.replay(d.trace, params)
     assert grown.token_ids == full.token_ids and grown.chosen == full.chosen
