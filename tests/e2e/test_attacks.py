@@ -217,11 +217,18 @@ def test_1_an_upload_of_many_small_nested_lists_is_refused_before_parsing(
 # -- 2 · kv-eval's budgets ----------------------------------------------------------------------
 
 
-def kv_points(page) -> list[int]:
-    """Points per line of the kv-eval figure (one line a policy, one point a budget)."""
-    return page.evaluate(
-        "() => [...document.querySelectorAll('.js-plotly-plot')].at(-1).calcdata.map(c => c.length)"
+def kv_points(page, timeout: float = 30.0) -> list[int]:
+    """Points per line of the kv-eval figure (one line a policy, one point a budget), once
+    the browser has drawn it: on a loaded machine Plotly can draw later than the page run
+    that sent the figure ends."""
+    js = (
+        "() => { const p = [...document.querySelectorAll('.js-plotly-plot')].at(-1);"
+        " return p && p.calcdata ? p.calcdata.map(c => c.length) : []; }"
     )
+    deadline = time.time() + timeout
+    while not (points := page.evaluate(js)) and time.time() < deadline:
+        time.sleep(0.25)
+    return points
 
 
 def run_kv_eval(page, budgets: str, tokens: int | None = None) -> None:
