@@ -614,7 +614,8 @@ class GravityTask(Task):
         return Progress(
             len(self.gravities),
             self.total,
-            "recomputing gravity",
+            f"recomputing {self.params.gravity_kind} gravity with the model, since the "
+            "recorded steps were decoded with other gravity settings",
             unit="steps",
             seconds=self.seconds,
         )

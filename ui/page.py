@@ -17,11 +17,13 @@ from semviz.decoding.decoder import token_hex
 from semviz.output import escape, style
 from semviz.output.style import display_token
 from semviz.sampling import PruneParams
-from semviz.tasks import GravityTask, Progress
+from semviz.tasks import GravityTask
 from ui import nav, runner, server, whatif, work
 from ui.errors import guard, report
 from ui.model import get_model
 from ui.state import SessionData, Settings, read_run_query, run_query, session, url_count
+
+GRAVITY = "gravity"  # the session's task recomputing gravity for the what-if, in ``ui.work``
 
 
 @dataclass
@@ -31,6 +33,7 @@ class PageContext:
     lm: object | None  # LoadedModel for the current settings, or the decoder's when that failed
     params: PruneParams | None  # None when the sliders are out of range
     wi: whatif.WhatIf | None
+    gravity_pending: bool = False  # the what-if waits for gravity a task recomputes
 
     @property
     def decoder(self):
@@ -52,7 +55,7 @@ class PageContext:
     def update_whatif(self) -> None:
         """(Re)compute the what-if for the current trace; cached, so cheap when unchanged."""
         tr = self.sess.trace
-        self.wi = None
+        self.wi, self.gravity_pending = None, False
         if tr is None or not tr.steps or self.params is None:
             return
         dec = self.sess.decoder
@@ -62,35 +65,38 @@ class PageContext:
         model = None if lm is None else lm.model
         with guard("the what-if replay"):
             if model is not None and not self._gravity_first(tr, model, dec.hidden):
-                return  # the page was left while gravity was being recomputed
+                return  # gravity is being recomputed: the page draws the recorded views
             self.wi = whatif.cached(
                 self.sess.replay_memo, tr, self.params, model=model, hidden=dec.hidden
             )
 
     def _gravity_first(self, tr, model, hidden) -> bool:
-        """Gravity these sliders use that the record does not hold, recomputed with the model
-        as a task (``GravityTask``: a few steps at a time, each in the model's line) with its
-        progress on the page, then kept for the replay; False if it did not finish. A rerun
-        meanwhile (a slider moved) goes on from where the task stood."""
-        memo, p = self.sess.replay_memo, self.params
+        """True when the gravity these sliders use is at hand: the record holds it, or a
+        ``GravityTask`` recomputed it with the model. Otherwise that task runs on the one
+        runner (a few steps a unit, each in the model's line), and the page draws the recorded
+        views meanwhile with the task's progress (:func:`gravity_panel`); its end reruns the
+        page, whose replay then uses it. A slider moved meanwhile starts the task anew; while
+        the run's own task decodes, none starts (the what-if waits for the run's end)."""
+        sess, memo, p = self.sess, self.sess.replay_memo, self.params
         cache = memo.setdefault("gravity_cache", whatif.GravityCache())
+        work.refresh(sess, (GRAVITY,))  # a task that ended meanwhile (on another page) is kept
         if not whatif.needs_new_gravity(tr, p) or cache.has(tr, p, hidden):
+            memo.pop("gravity_key", None)  # a failed one is tried again when next needed
             return True
+        if runner.job(sess) is not None:  # the run grows a token at a time: gravity waits for
+            return False  # its end, which reruns the page (the old gravity would be redone)
+        self.gravity_pending = True
         key = cache.key(tr, p, hidden)
-        task = memo.get("gravity_task")
-        if task is None or task.key != key:
-            task = memo["gravity_task"] = GravityTask(model, tr, p, hidden)
-            task.key = key
-        bar = st.progress(0.0, text=gravity_progress_text(task.progress(), p))
-        turns = server.turns()
-        while not task.advance(0.25, turns):
-            bar.progress(task.progress().fraction, text=gravity_progress_text(task.progress(), p))
-        bar.empty()
-        memo.pop("gravity_task", None)
-        if task.stopped:
+        if memo.get("gravity_key") == key:  # the task for these sliders runs, or failed
             return False
-        cache.put(tr, p, hidden, task.result())
-        return True
+        memo["gravity_key"] = key
+
+        def keep(task: GravityTask, error: str | None) -> None:
+            if task.finished and not task.stopped and error is None:
+                cache.put(tr, p, hidden, task.result())
+
+        work.start(sess, GRAVITY, GravityTask(model, tr, p, hidden), on_tick=keep)
+        return False
 
     @property
     def first_diff(self) -> int | None:
@@ -206,6 +212,7 @@ def context(
     share_url(ctx)
     if run:  # a page that does not show the run has no use for its what-if replay
         ctx.update_whatif()
+        gravity_panel(ctx)
     if header and run and not err2:
         whatif_banner(ctx)
     return ctx
@@ -377,14 +384,15 @@ def status_line(ctx: PageContext, *, here: bool = False) -> None:
         )
 
 
-def gravity_progress_text(p: Progress, params: PruneParams) -> str:
-    """The progress line of a gravity recomputation: what runs, how far, how long is left."""
-    eta = p.eta()
-    left = "" if eta is None else f" · about {eta:.0f} s left"
-    return (
-        f"Recomputing **{params.gravity_kind}** gravity with the model for the recorded steps, "
-        f"which were decoded with other gravity settings: {p.done:,} of {p.total:,}{left}"
-    )
+def gravity_panel(ctx: PageContext) -> None:
+    """The progress of the gravity the what-if waits for (``PageContext._gravity_first``), or
+    the error that ended it; nothing once it is at hand."""
+    if not ctx.gravity_pending:
+        return
+    s = work.slot(ctx.sess, GRAVITY)
+    if s is not None and s.task is not None and s.task.finished:
+        st.rerun()  # it ended before this run could draw it: the page catches up at once
+    work.panel(ctx.sess, GRAVITY, stop=False)
 
 
 def params_changed(ctx: PageContext) -> bool:

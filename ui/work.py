@@ -1,6 +1,7 @@
 """The app's long work: one ``semviz.tasks.Task`` per session and name, run by one runner and
-shown by one panel. Generate's run, play and branches, the what-if ghost, kv-eval, Compare, a
-frontier sweep, a report build and the prefill scan all run this way.
+shown by one panel. Generate's run, play and branches, the what-if ghost and the gravity a
+what-if recomputes, kv-eval, Compare, a frontier sweep, a report build and the prefill scan all
+run this way.
 
 How it runs, in a few rules:
 

@@ -186,18 +186,23 @@ def _degraded(
 
 
 class GravityCache:
-    """Recomputed gravity per (trace, length, gravity configuration)."""
+    """Recomputed gravity per (run, length, gravity configuration).
+
+    The run is named by its first and last step records, as :func:`cached` names it: every
+    copy of a trace shares them, and the cache holds them so their ids stay theirs."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._value: list = []
+        self._held: tuple = ()
 
     @staticmethod
     def key(trace: Trace, params: PruneParams, hidden=None) -> tuple:
+        steps = trace.steps
         return (
-            id(trace),
-            len(trace.steps),
-            trace.steps[-1].token_id if trace.steps else None,
+            id(steps[0]) if steps else id(trace),
+            len(steps),
+            id(steps[-1]) if steps else None,
             params.gravity_params,
             hidden is not None,
         )
@@ -208,6 +213,7 @@ class GravityCache:
     def put(self, trace: Trace, params: PruneParams, hidden, value: list) -> None:
         """Keep ``value``, gravity computed elsewhere (a ``GravityTask``), for ``trace``."""
         self._key, self._value = self.key(trace, params, hidden), list(value)
+        self._held = (trace.steps[0], trace.steps[-1]) if trace.steps else (trace,)
 
     def get(self, model, trace: Trace, params: PruneParams, hidden=None) -> list:
         if not self.has(trace, params, hidden):

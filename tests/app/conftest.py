@@ -81,6 +81,19 @@ def wait_until(cond, timeout: float = 30.0) -> None:
 
 
 @pytest.fixture()
+def one_lane(monkeypatch):
+    """The model's line with one lane whatever the cores, so another session's turn fills it."""
+    import ui.model
+    from semviz.model.queue import QUEUE
+
+    monkeypatch.setattr(ui.model, "fit_lanes", lambda: None)
+    was = QUEUE.lanes
+    QUEUE.set_lanes(1)
+    yield QUEUE
+    QUEUE.set_lanes(was)
+
+
+@pytest.fixture()
 def generated(app):
     """The app after 8 generated tokens."""
     return run_steps(app, 8)

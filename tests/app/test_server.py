@@ -368,19 +368,6 @@ def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
 # -- the queue on the page ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_lane(monkeypatch):
-    """The model's line with one lane whatever the cores, so another session's turn fills it."""
-    import ui.model
-    from semviz.model.queue import QUEUE
-
-    monkeypatch.setattr(ui.model, "fit_lanes", lambda: None)
-    was = QUEUE.lanes
-    QUEUE.set_lanes(1)
-    yield QUEUE
-    QUEUE.set_lanes(was)
-
-
 def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, one_lane):
     from semviz.model.queue import QUEUE, Place
 

@@ -4,22 +4,61 @@ banner says the model ran for it."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+
 from semviz.tasks import GravityTask, Turns
-from tests.app.conftest import run_steps
-from ui import tour
+from tests.app.conftest import run_steps, run_until, settle
+from ui import page, runner, tour, work
 from ui.state import Settings
 
 TOUR4 = "app_pages/tour_4_gravity.py"
 
 
-def test_the_button_changes_only_gravity_and_the_page_shows_that_gravity(app):
+@contextlib.contextmanager
+def held(line):
+    """Another session's turn at the model for the block's length (a line of one lane)."""
+    release = threading.Event()
+
+    def hold():
+        with line.turn("another session"):
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    while not line.state().running:
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def test_the_button_changes_only_gravity_and_the_page_shows_that_gravity(app, one_lane):
     run_steps(app, 8)
     s = app.session_state["semviz"]
     at = app.switch_page(TOUR4).run()
     assert not at.exception
     before = {k: at.session_state[k] for k in at.session_state if str(k).startswith("s_")}
-    at.button(key="tour4_apply").click().run()
+    with held(one_lane):  # the task waits in line while the page draws
+        at.button(key="tour4_apply").click().run()
     assert not at.exception
+    # the record lacks this gravity: a task recomputes it, and the page shows its progress
+    # and the recorded views meanwhile, until the task's end reruns the page with the what-if
+    assert not s.replay_memo["whatif"].model_gravity  # the what-if before the button
+    bars = [b.proto.text for b in at.get("progress")]
+    assert any(
+        t.startswith(
+            "Gravity: recomputing pull gravity with the model, since the recorded steps were "
+            "decoded with other gravity settings · "
+        )
+        for t in bars
+    ), bars
+    run_until(at, lambda: not work.running(s, page.GRAVITY))
+    assert not at.exception and work.error(s, page.GRAVITY) is None
+    assert [b.proto.text for b in at.get("progress")] == ["Step 4 of 5"]  # the tour's own
     after = {k: at.session_state[k] for k in at.session_state if str(k).startswith("s_")}
     changed = {k[2:] for k in after if after[k] != before.get(k)}
     assert changed - {"preset"} == set(tour.GRAVITY_ON)  # the run's default was contrast, λ 0
@@ -64,6 +103,24 @@ def test_the_button_changes_only_gravity_and_the_page_shows_that_gravity(app):
     assert at.session_state["s_gravity_kind"] == "pull"
     at.button(key="tour4_apply").click().run()
     assert at.session_state["s_top_k"] == 7 and at.session_state["s_gravity_lambda"] == 0.5
+
+
+def test_no_gravity_is_recomputed_while_the_run_decodes_and_it_is_at_its_end(app, one_lane):
+    """A gravity slider moved while the run's task decodes: the record grows a token at a
+    time, so no gravity task starts (each token would restart it); the run's end does."""
+    at = run_steps(app, 4)
+    s = at.session_state["semviz"]
+    with held(one_lane):
+        at.button(key="btn_run").click().run()
+        at.session_state["s_gravity_lambda"] = 0.5  # the record has no gravity
+        at.run()
+        assert not at.exception
+        assert runner.job(s) is not None and work.slot(s, page.GRAVITY) is None
+    settle(at)
+    run_until(at, lambda: not work.running(s, page.GRAVITY))
+    assert not at.exception and work.ended(s, page.GRAVITY).result
+    wi = s.replay_memo["whatif"]
+    assert wi.model_gravity and wi.n == len(s.trace.steps) == 8
 
 
 def test_gravity_is_recomputed_in_slices_equal_to_the_whole(generated):

@@ -26,6 +26,8 @@ def test_tour4_turns_on_only_the_gravity_it_draws(browser, app_url):
         wait_text(page, r"Turn on gravity as a rerank")
         page.get_by_role("button", name="Turn on gravity as a rerank (λ = 0.5)").click()
         wait_text(page, r"Gravity on now:", timeout=300)
+        # the record lacks this gravity: a task recomputes it, then the page reruns
+        wait_text(page, r"gravity recomputed with the model", timeout=300)
         no_traceback(page)
         body = page.inner_text("body")
         assert (

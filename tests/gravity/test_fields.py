@@ -63,6 +63,20 @@ def test_every_field_that_shapes_g_makes_replay_recompute_it(name, recorded, tin
     assert cache.get(tiny_lm.model, recorded, p) is not first, name
 
 
+def test_the_cache_names_a_run_by_its_step_records_not_by_the_trace_copy(recorded, tiny_lm):
+    """A page draws a new copy of the trace after each token, sharing the step records: the
+    copy hits the cache; the run grown by a step, or another run, does not."""
+    p = RECORDED.replace(gravity_kind="contrast")
+    cache = GravityCache()
+    first = cache.get(tiny_lm.model, recorded, p)
+    copy = dataclasses.replace(recorded, steps=list(recorded.steps))
+    assert copy is not recorded and cache.has(copy, p)
+    assert cache.get(tiny_lm.model, copy, p) is first
+    assert not cache.has(dataclasses.replace(recorded, steps=recorded.steps[:-1]), p)
+    other = dataclasses.replace(recorded, steps=[dataclasses.replace(recorded.steps[0])])
+    assert not cache.has(other, p)
+
+
 @pytest.mark.parametrize("name", ["gravity_lambda", "gravity_mode", "rerank_k"])
 def test_a_field_that_only_uses_g_keeps_the_recorded_one(name, recorded):
     p = RECORDED.replace(**{name: _another(name, getattr(RECORDED, name))})

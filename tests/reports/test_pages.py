@@ -13,6 +13,7 @@ import pytest
 
 from tests.app.conftest import APP, TIMEOUT, run_steps, run_until, settle
 from ui import work
+from ui.page import GRAVITY
 
 NEW_PAGES = [
     "app_pages/compare.py",
@@ -229,6 +230,8 @@ def test_tour_applies_its_settings(new_app):
     run_steps(at, 4)
     at.switch_page("app_pages/tour_4_gravity.py").run()
     at.button(key="tour4_apply").click().run()
+    sess = at.session_state["semviz"]
+    run_until(at, lambda: not work.running(sess, GRAVITY))  # the gravity the run lacks
     no_errors(at)
     s = at.session_state["settings"]
     assert (s.temperature, s.top_k, s.top_p) == (0.8, 50, 0.95)  # tour 1's, kept
