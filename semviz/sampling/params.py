@@ -183,7 +183,12 @@ class FieldSpec:
                 raise ValueError(f"expected {self.range_text()}{hint}")
             return text
         if k == "int":
-            return _parse_int(raw)
+            try:
+                return _parse_int(raw)
+            except ValueError as exc:  # past 32 bits: say this field's range, not int32's
+                if str(exc) == "expected an integer" or self.hi is None or self.lo is None:
+                    raise
+                raise ValueError(f"expected an integer {self.range_text()}") from None
         if k == "float":
             return _parse_float(raw)
         return "" if raw is None else str(raw)

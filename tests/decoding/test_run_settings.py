@@ -73,6 +73,17 @@ def test_every_subcommand_takes_the_declared_ranges(cmd, capsys):
         assert e.value.code == 2 and f"argument {flag}:" in err and err.count("\n") == 1, err
 
 
+def test_a_seed_past_32_bits_is_refused_with_the_seed_s_range():
+    """One seed range everywhere, in the message too: a seed too large for 32 bits names
+    [0, 2^31 - 1], not the bounds of every 32-bit setting (which would admit a negative)."""
+    for raw in (str(SEED_MAX + 1), "99999999999999999999", "1e12"):
+        with pytest.raises(ValueError) as e:
+            RUN_SPECS["seed"].coerce(raw)
+        assert str(e.value) == "expected an integer in [0, 2147483647]", raw
+    with pytest.raises(ValueError, match="^expected an integer$"):
+        RUN_SPECS["seed"].coerce("seven")
+
+
 def test_the_app_s_run_controls_are_the_cli_s_declaration():
     """The app's run controls (``ui.state.Settings``) are ``RunSettings``' fields, spec for
     spec, so the sidebar, the URL and the CLI accept the same values; only the chat template
