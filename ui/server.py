@@ -43,6 +43,7 @@ from semviz.model.load import DEFAULT_MODEL, ModelLoadError, model_key
 from semviz.model.queue import QUEUE, Gather, Place
 from semviz.output import files
 from semviz.sampling import FieldSpec, parse_bool, parse_value
+from semviz.tasks import Turns
 
 try:
     import tomllib
@@ -344,36 +345,38 @@ def owner() -> str:
     return ctx.session_id if ctx is not None else f"thread-{threading.get_ident()}"
 
 
+class SessionTurns(Turns):
+    """A session's place in the model's line for a task's model calls: its turns keep the
+    session from being swept, and its decode steps share forwards with other sessions'
+    (:func:`step`)."""
+
+    @contextlib.contextmanager
+    def turn(self):
+        from ui import sessions
+
+        with sessions.busy(self.owner), super().turn() as t:
+            yield t
+
+    def step(self, dec: Any, force_token: int | None = None) -> Any:
+        return step(dec, force_token, waiting=self._place, who=self.owner)
+
+    def _place(self, place: Place | None) -> None:
+        if place is not None:
+            self._waiting(place)  # leaves the line with Stopped on a stop request
+        elif self.on_wait is not None:
+            self.on_wait(None)
+
+
 def turns(
     who: str | None = None,
     *,
     waiting: Callable[[Place | None], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> Any:
+) -> SessionTurns:
     """The place in the model's line of session ``who`` (default this one) for a task's
-    model calls (``semviz.tasks.Turns``): its turns keep the session from being swept, and
-    its decode steps share forwards with other sessions' (:func:`step`). ``waiting`` is told
-    each place while in line (a task's thread draws nothing; its panel shows the place)."""
-    from semviz.tasks import Turns
-
-    class _Turns(Turns):
-        @contextlib.contextmanager
-        def turn(self):
-            from ui import sessions
-
-            with sessions.busy(self.owner), super().turn() as t:
-                yield t
-
-        def step(self, dec: Any, force_token: int | None = None) -> Any:
-            return step(dec, force_token, waiting=self._place, who=self.owner)
-
-        def _place(self, place: Place | None) -> None:
-            if place is not None:
-                self._waiting(place)  # leaves the line with Stopped on a stop request
-            elif self.on_wait is not None:
-                self.on_wait(None)
-
-    return _Turns(who or owner(), QUEUE, should_stop=should_stop, on_wait=waiting)
+    model calls (:class:`SessionTurns`). ``waiting`` is told each place while in line (a
+    task's thread draws nothing; its panel shows the place)."""
+    return SessionTurns(who or owner(), QUEUE, should_stop=should_stop, on_wait=waiting)
 
 
 def wait_text(place: Place) -> str:
