@@ -187,7 +187,8 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     stopped = []
     for i, stop in enumerate(stops):
         if ended[i] is None and stop.count():
-            stop.first.click()
+            with contextlib.suppress(PlaywrightError):  # redrawn under the pointer: see below
+                stop.first.click(timeout=5_000)
         stopped.append(ended[i] or time.perf_counter())
     for stop in stops:  # a click that met a fragment's redraw is lost: press it again
         deadline = time.perf_counter() + 60
