@@ -187,7 +187,7 @@ def play_for(pages: list, seconds: float, pid: int) -> dict:
     stopped = []
     for i, stop in enumerate(stops):
         if ended[i] is None and stop.count():
-            with contextlib.suppress(PlaywrightError):  # redrawn under the pointer: see below
+            with contextlib.suppress(PlaywrightError):  # not seen stable on a starved tab
                 stop.first.click(timeout=5_000)
         stopped.append(ended[i] or time.perf_counter())
     for stop in stops:  # a click that met a fragment's redraw is lost: press it again
