@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +80,29 @@ def wait_until(cond, timeout: float = 30.0) -> None:
     while not cond():
         assert time.monotonic() - t0 < timeout, "timed out"
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def held(line, release_after: float | None = None):
+    """Another session's turn at the model (``line``, one lane) for the block's length, or
+    for ``release_after`` seconds from the block's start if sooner."""
+    release = threading.Event()
+
+    def hold():
+        with line.turn("another session"):
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    while not line.state().running:
+        time.sleep(0.01)
+    if release_after is not None:
+        threading.Timer(release_after, release.set).start()
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(30)
 
 
 @pytest.fixture()

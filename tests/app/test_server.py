@@ -3,7 +3,6 @@ model queue's place on the page, and idle runs dropped."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from tests.app.conftest import (
     GENERATE,
     TIMEOUT,
     click_step,
+    held,
     link_notes,
     run_steps,
     wait_until,
@@ -353,8 +353,8 @@ def test_a_session_keeps_at_most_the_upload_limit_of_files_sent_to_the_endpoint(
     put("attacker", "next", 1.0)  # the same id again replaces its file
     assert store.file_storage["attacker"].keys() == {"small", "next"}
     assert store.file_storage["other"].keys() == {"theirs"}
-    held = sum(len(f.data) for s in store.file_storage.values() for f in s.values())
-    assert held == int(0.05 * 2**20) + 2**20 + int(1.5 * 2**20)
+    stored = sum(len(f.data) for s in store.file_storage.values() for f in s.values())
+    assert stored == int(0.05 * 2**20) + 2**20 + int(1.5 * 2**20)
 
 
 def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
@@ -369,7 +369,7 @@ def test_a_settings_file_is_read_with_a_size_limit(tmp_path):
 
 
 def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, one_lane):
-    from semviz.model.queue import QUEUE, Place
+    from semviz.model.queue import Place
 
     shown: list[int] = []
     real = server.wait_text
@@ -377,19 +377,8 @@ def test_a_waiting_page_shows_its_place_then_clears_it(monkeypatch, tiny_dir, on
     at = app_test(monkeypatch, tiny_dir, SEMVIZ_SHARED="1")
     at.switch_page(GENERATE).run()
     click_step(at).run()  # the first Step's prefill is a task: the next one is the page's own
-    release = threading.Event()
-
-    def hold():
-        with QUEUE.turn("another session"):
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    while not QUEUE.state().running:
-        time.sleep(0.01)
-    threading.Timer(1.5, release.set).start()  # the page waits about 1.5 s in line
-    click_step(at).run()
-    holder.join(30)
+    with held(one_lane, release_after=1.5):  # the page waits about 1.5 s in line
+        click_step(at).run()
     assert not at.exception and not at.error
     assert shown and set(shown) == {1}  # one turn (the other session's) before this one
     assert not [i for i in at.info if "Waiting for the model" in i.value]  # cleared once served

@@ -4,36 +4,12 @@ banner says the model ran for it."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-
 from semviz.tasks import GravityTask, Turns
-from tests.app.conftest import run_steps, run_until, settle
+from tests.app.conftest import held, run_steps, run_until, settle
 from ui import page, runner, tour, work
 from ui.state import Settings
 
 TOUR4 = "app_pages/tour_4_gravity.py"
-
-
-@contextlib.contextmanager
-def held(line):
-    """Another session's turn at the model for the block's length (a line of one lane)."""
-    release = threading.Event()
-
-    def hold():
-        with line.turn("another session"):
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    while not line.state().running:
-        time.sleep(0.01)
-    try:
-        yield
-    finally:
-        release.set()
-        holder.join(30)
 
 
 def test_the_button_changes_only_gravity_and_the_page_shows_that_gravity(app, one_lane):
