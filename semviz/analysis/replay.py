@@ -185,11 +185,21 @@ def _degraded(
     return params.replace(**{k: getattr(g, k) for k in GRAVITY_FIELDS}), note
 
 
-class GravityCache:
-    """Recomputed gravity per (run, length, gravity configuration).
+def run_key(trace: Trace) -> tuple:
+    """The run and its length, named by its first and last step records, which every copy of
+    the trace shares (a page draws the copy a decoding task keeps after each token, a new
+    object each time). Whoever keeps the key holds those records, so their ids stay theirs."""
+    steps = trace.steps
+    return (
+        id(steps[0]) if steps else id(trace),
+        len(steps),
+        id(steps[-1]) if steps else None,
+    )
 
-    The run is named by its first and last step records, as :func:`cached` names it: every
-    copy of a trace shares them, and the cache holds them so their ids stay theirs."""
+
+class GravityCache:
+    """Recomputed gravity per (run, length, gravity configuration); the run as
+    :func:`run_key` names it."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -198,14 +208,7 @@ class GravityCache:
 
     @staticmethod
     def key(trace: Trace, params: PruneParams, hidden=None) -> tuple:
-        steps = trace.steps
-        return (
-            id(steps[0]) if steps else id(trace),
-            len(steps),
-            id(steps[-1]) if steps else None,
-            params.gravity_params,
-            hidden is not None,
-        )
+        return (*run_key(trace), params.gravity_params, hidden is not None)
 
     def has(self, trace: Trace, params: PruneParams, hidden=None) -> bool:
         return self._key == self.key(trace, params, hidden)
@@ -489,18 +492,11 @@ def cached(store: dict, trace: Trace, params: PruneParams, **kw) -> WhatIf:
     """:func:`replay` memoised in ``store`` (a session's dict) on the run, its length and last
     step, and the params.
 
-    The run is named by its first step record, which every copy of the trace shares (a page
-    draws the copy a decoding task keeps after each token, a new object each time), so a run
-    that plays on under the same settings has the stored replay carried on over its new steps
-    (:func:`extend`) rather than redone from step 0 at every redraw."""
-    steps = trace.steps
-    key = (
-        id(steps[0]) if steps else id(trace),
-        len(steps),
-        id(steps[-1]) if steps else None,  # held by the stored replay (``WhatIf.last``)
-        params,
-        kw.get("hidden") is not None,
-    )
+    The run is named as :func:`run_key` names it, so every copy of the trace finds the stored
+    replay (which holds the last step, ``WhatIf.last``), and a run that plays on under the same
+    settings has it carried on over its new steps (:func:`extend`) rather than redone from
+    step 0 at every redraw."""
+    key = (*run_key(trace), params, kw.get("hidden") is not None)
     hit = store.get("whatif")
     if hit is not None and hit.key == key:
         return hit
