@@ -198,7 +198,7 @@ def _capturing_sdpa(module, query, key, value, attention_mask, **kwargs):
             sink.pending[layer] = last_query_scores(query, key, scaling, attention_mask)
             if sink.lens:
                 # (B, T, H, D) from sdpa: each head's output at the last position
-                sink.heads[layer] = out[0][:, -1].float().cpu()  # (B, H, D)
+                sink.heads[layer] = _last(out[0])  # (B, H, D)
     return out
 
 
@@ -264,6 +264,13 @@ def _find_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"{type(model).__name__}: semviz cannot find its decoder blocks")
 
 
+def _last(x: torch.Tensor) -> torch.Tensor:
+    """``x[:, -1]`` as a float32 copy on the CPU. Always a copy: a view of a float32 CPU
+    tensor would keep the whole (B, T, ...) activation alive until the forward ends, about
+    230 MB over the layers of a 2,048-token prefill of the default model."""
+    return x[:, -1].to("cpu", torch.float32, copy=True)
+
+
 def _residual_hook(index: int):
     """A forward hook for block ``index``: its input (block 0 only: the embedding output) and
     output at the last position, into the sink the call carries; nothing without one."""
@@ -275,9 +282,9 @@ def _residual_hook(index: int):
         with torch.no_grad():
             if index == 0:
                 x = args[0] if args else kwargs["hidden_states"]
-                sink.residual[0] = x[:, -1].float().cpu()  # (B, d)
+                sink.residual[0] = _last(x)  # (B, d)
             h = output[0] if isinstance(output, tuple) else output
-            sink.residual[index + 1] = h[:, -1].float().cpu()  # (B, d)
+            sink.residual[index + 1] = _last(h)  # (B, d)
         return None
 
     return hook

@@ -14,7 +14,7 @@ import torch
 
 from semviz import Decoder, DecodeSettings, PruneParams, Trace, logit_lens
 from semviz.analysis import lens
-from semviz.model.capture import attention_metrics
+from semviz.model.capture import AttentionSink, attention_metrics, enable_capture, lens_hooks
 from semviz.output.trace import ATTENTION_METRICS, TraceError
 
 PROMPT = "The capital of France is"
@@ -64,6 +64,22 @@ def test_recorded_residual_rows_are_the_models_hidden_states(family_lm, run):
     got = rec.residual[:-1].float()
     assert rec.residual.dtype == torch.float16
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+def test_the_capture_holds_a_copy_of_the_last_position_only(family_lm):
+    """During a prefill, each residual row and head output the sink holds is its own copy of
+    one position: a view would keep that layer's whole (1, T, ...) activation alive until
+    the forward ends."""
+    ids = torch.tensor([family_lm.tokenizer(PROMPT * 4).input_ids])  # (1, T)
+    sink = AttentionSink(lens=True)
+    enable_capture(family_lm.model)
+    with torch.inference_mode(), lens_hooks(family_lm.model):
+        family_lm.model.get_decoder()(input_ids=ids, semviz_sink=sink)
+    held = [*sink.residual.values(), *sink.heads.values()]
+    assert len(sink.residual) == family_lm.summary()["num_layers"] + 1
+    assert len(sink.heads) == family_lm.summary()["num_layers"]
+    assert ids.shape[1] > 16
+    assert [t.untyped_storage().nbytes() for t in held] == [4 * t.numel() for t in held]
 
 
 def test_direct_logit_attribution_sums_to_the_logit(family_lm, run):
