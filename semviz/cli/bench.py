@@ -100,6 +100,34 @@ def _time_decoder(lm, ids, n: int, capture: bool = True) -> float:
     return n / dt
 
 
+def forward_costs(lm, ids, n: int) -> dict[str, float]:
+    """Median milliseconds of a one-token forward with the cache: plain, with the attention
+    capture, and with the capture and the lens's recording (what the decoder runs).
+
+    The three run interleaved, one forward each in turn on three caches fed the same
+    tokens, so that a slower stretch of a shared machine slows all three alike. This is the
+    decoder's instrumentation alone, apart from its sampling and step record.
+    """
+    import torch
+
+    from semviz.model.forward import forward
+
+    modes = {"plain": {}, "capture": {"capture": True}, "lens": {"capture": True, "lens": True}}
+    n0 = ids.shape[1]
+    caches = {k: lm.new_cache() for k in modes}
+    for k, kw in modes.items():
+        forward(lm.model, ids, torch.arange(n0, device=ids.device)[None], caches[k], **kw)
+    times: dict[str, list[float]] = {k: [] for k in modes}
+    tok = ids[:, -1:]
+    for i in range(n):
+        pos = torch.tensor([[n0 + i]], device=ids.device)
+        for k, kw in modes.items():
+            t0 = time.perf_counter()
+            forward(lm.model, tok, pos, caches[k], **kw)
+            times[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def speed(args, progress=None) -> dict:
     from semviz.model.load import load_model
 
@@ -145,6 +173,7 @@ def speed(args, progress=None) -> dict:
         out["generate_float32_tok_s"] = g32
         out["decoder_vs_generate_float32"] = d / g32
         out["generate_vs_generate_float32"] = g / g32
+    out["forward_ms"] = forward_costs(lm, ids, args.tokens)
     return out
 
 
@@ -173,7 +202,8 @@ if mode == "eager":
         out = lm.model(torch.tensor([ids]), output_attentions=True, logits_to_keep=1)
         last = [a[0, :, -1] for a in out.attentions]
 else:
-    d = Decoder(lm, "", PruneParams(temperature=0), DecodeSettings(capture=(mode == "capture")),
+    on = mode == "capture"  # the decoder's default: the attention capture and the lens's record
+    d = Decoder(lm, "", PruneParams(temperature=0), DecodeSettings(capture=on, lens=on),
                 prompt_ids=ids)
 secs = __import__("time").perf_counter() - t
 peak = rss_kib("VmHWM")
@@ -261,12 +291,19 @@ def run(args: argparse.Namespace) -> int:
             f"decoder/fp32 {s['decoder_vs_generate_float32']:.2f}x, "
             f"generate/fp32 {s['generate_vs_generate_float32']:.2f}x"
         )
+    f = s["forward_ms"]
+    print(
+        f"  one forward: plain {f['plain']:.1f} ms, with capture {f['capture']:.1f} ms "
+        f"({f['capture'] / f['plain']:.3f}x), with capture and lens {f['lens']:.1f} ms "
+        f"({f['lens'] / f['plain']:.3f}x), interleaved"
+    )
     if "memory" in result:
         m = result["memory"]
         print(f"prefill of {m['prompt_tokens']} tokens, peak memory added:")
-        for mode in ("capture", "nocapture", "eager"):
+        names = {"capture": "capture and lens", "nocapture": "neither", "eager": "eager attentions"}
+        for mode, name in names.items():
             print(
-                f"  {mode:10s} {m[mode + '_peak_mib']:8.1f} MiB  ({m[mode + '_prefill_s']:.2f} s)"
+                f"  {name:16s} {m[mode + '_peak_mib']:8.1f} MiB  ({m[mode + '_prefill_s']:.2f} s)"
             )
         print(
             f"  capture/no-capture {m['capture_vs_nocapture_memory']:.2f}x, "
