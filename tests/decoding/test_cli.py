@@ -52,6 +52,17 @@ def test_trace_writes_a_trace_and_prints_json(tiny_dir, tmp_path):
     assert t.steps[0].residual.shape == (3, 64)  # the embedding and two blocks of width 64
 
 
+def test_bench_times_one_forward_three_ways(tiny_dir, capsys):
+    """The split of a forward's time: plain, with the capture, with capture and lens."""
+    args = ["--model", str(tiny_dir), "--tokens", "3", "--repeats", "1", "--no-float32"]
+    assert main(["bench", *args, "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)["speed"]["forward_ms"]
+    assert sorted(f) == ["capture", "lens", "plain"] and all(v > 0 for v in f.values())
+    assert main(["bench", *args]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("  one forward: plain ") and line.endswith("x), interleaved")
+
+
 def test_trace_lens_off_writes_no_lens_fields(tiny_dir, tmp_path):
     out = tmp_path / "t.json"
     args = ["--model", str(tiny_dir), "--prompt", "Hi", "--steps", "2", "--lens", "off"]
