@@ -37,7 +37,7 @@ if page.need_trace(ctx):
     else:  # as recorded: a candidate the filters cut has no final probability
         kept = stages["final"] > 0 if "final" in stages else None
     taken = ctx.taken(i) if res is not None else rec.token_id
-    token = charts.display_token(ctx.labels([taken])[0])
+    token = style.token_md(charts.display_token(ctx.labels([taken])[0]))
     st.subheader(f"Step {i}: {token} — the distribution at every stage")
     fig = charts.distribution_figure(
         labels, stages, kept=kept, chosen=chosen, mode=mode or "side", top=top, log=axis == "log"

@@ -256,7 +256,7 @@ if ctx.steps and runner.job(sess) is None:
     res = ctx.result(i)
     c1, c2 = st.columns([3, 2])
     with c1:
-        st.subheader(f"Step {i}: {escape.markdown(style.step_token(rec))}")
+        st.subheader(f"Step {i}: {style.token_md(style.step_token(rec))}")
         stages = charts.step_stages(rec, res)
         keep = {k: stages[k] for k in ("raw", "final") if k in stages}
         labels = ctx.labels(rec.cand_ids[: charts.TOP].tolist())

@@ -35,7 +35,7 @@ if page.need_trace(ctx):
     elif lm is None:
         st.info("The model is not loaded, so the lens cannot be read.", icon=":material/info:")
     else:
-        token = style.step_token(rec)
+        token = style.token_md(style.step_token(rec))
         with guard("reading the logit lens"):
             s = lens.lens_step(lm, rec)
             tops = ctx.labels(s.top_ids[:, 0].tolist())

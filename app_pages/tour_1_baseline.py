@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from semviz.output import charts
+from semviz.output import charts, style
 from ui import page, tour, views
 
 ctx = page.context("Tour 1 · The baseline chain")
@@ -42,7 +42,9 @@ if page.need_trace(ctx):
     else:  # as recorded: a candidate the filters cut has no final probability
         kept = stages["final"] > 0 if "final" in stages else None
     token = ctx.labels([ctx.taken(i) if res is not None else rec.token_id])[0]
-    st.subheader(f"Step {i}: from logits to the token {charts.display_token(token)}")
+    st.subheader(
+        f"Step {i}: from logits to the token {style.token_md(charts.display_token(token))}"
+    )
     views.chart(
         charts.distribution_figure(labels, keep, kept=kept, chosen=chosen, mode="side", top=20),
         key="tour1_dist",

@@ -165,7 +165,8 @@ def gravity_terms(ctx: PageContext, i: int, *, key: str) -> None:
     """What pulled the token step ``i`` takes under the current sliders: the per-context-token
     terms of ``G`` (a pull's ``m_j·sim(w, t_j)``), or why the gravity set has none."""
     token = ctx.taken(i)
-    st.subheader(f"What pulled {charts.display_token(ctx.labels([token])[0])}: the terms of G")
+    shown = style.token_md(charts.display_token(ctx.labels([token])[0]))
+    st.subheader(f"What pulled {shown}: the terms of G")
     params, dec = ctx.params, ctx.decoder
     lm = getattr(dec, "lm", None) or ctx.lm
     if params is None or dec is None or lm is None:

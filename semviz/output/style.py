@@ -79,6 +79,7 @@ __all__ = [
     "count",
     "display_token",
     "step_token",
+    "token_md",
     "policy_color",
     "report_css",
     "rgba",
@@ -261,6 +262,19 @@ def step_token(rec) -> str:
     """A recorded step's token for per-token views (:func:`display_token` of its text,
     its bytes where it is a piece of a character)."""
     return display_token(rec.token_text, getattr(rec, "token_hex", None))
+
+
+def token_md(shown: str) -> str:
+    """A token as shown (:func:`display_token`) inside a sentence of markdown: escaped, so
+    that no markup in it renders, and between quotes, so that a punctuation token reads as
+    a token ("how “,” rose", not "how , rose").
+
+    >>> print(token_md("**"))
+    “\\*\\*”
+    """
+    from semviz.output import escape
+
+    return f"“{escape.markdown(shown)}”"
 
 
 # -- CSS ---------------------------------------------------------------------------------------

@@ -50,6 +50,20 @@ def test_the_page_follows_the_selected_step(generated):
     assert any(h.value.startswith("Step 2:") for h in at.subheader)
 
 
+def test_the_token_in_the_headings_is_quoted_and_shows_no_markup(generated):
+    """A token inside a sentence is quoted ("how “,” rose") and escaped: markup in a
+    token's text (here a link and bold) is shown as text, not rendered."""
+    at = generated
+    rec = at.session_state["semviz"].trace.steps[-1]
+    rec.token_text, rec.token_hex = "**[x](http://a.invalid)", None
+    at.switch_page(PAGE).run()
+    assert not at.exception
+    shown = r"“\*\*\[x\]\(http\:\/\/a\.invalid\)”"
+    heads = [h.value for h in at.subheader]
+    assert f"Step 7: how {shown} rose through the layers" in heads, heads
+    assert f"Who wrote {shown}: each block's share of the logit" in heads, heads
+
+
 def test_a_run_without_the_lens_says_so_in_one_sentence(generated):
     at = generated
     for rec in at.session_state["semviz"].trace.steps:

@@ -62,7 +62,7 @@ def test_3_the_gravity_example_shows_the_gravity_it_names(browser, app_url):
     try:
         _open_story(page)
         nav_click(page, "Attention & gravity")
-        m = wait_text(page, r"What pulled (\S+): the terms of G", 120)
+        m = wait_text(page, r"What pulled “(\S+)”: the terms of G", 120)
         text = _main(page)
         assert "did not capture attention" not in text
         assert "is not a sum over the context" not in text  # contrast gravity has no terms
@@ -145,7 +145,7 @@ def test_5_one_step_reads_the_same_on_every_view(browser, app_url):
         page.get_by_role("link", name=re.compile("Leave presenter mode")).click()
         wait_idle(page)
         nav_click(page, "Distributions")
-        d = wait_text(page, rf"Step {k}: (\S+) — the distribution at every stage", 60)
+        d = wait_text(page, rf"Step {k}: “(\S+)” — the distribution at every stage", 60)
         assert d.group(1) == token
         no_traceback(page)
     finally:

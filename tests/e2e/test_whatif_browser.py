@@ -64,7 +64,7 @@ def test_a_hotter_what_if_names_the_token_a_real_decode_picks(browser, app_url, 
         page.locator(".semviz-strip .tok").nth(k).click()
         wait_idle(page)
         nav_click(page, "Distributions")
-        head = wait_text(page, rf"Step {k}: (\S+) — the distribution at every stage")
+        head = wait_text(page, rf"Step {k}: “(\S+)” — the distribution at every stage")
         assert head.group(1) == new
         no_traceback(page)
     finally:
