@@ -1521,7 +1521,7 @@ def lens_layers_figure(step, chosen_text: str, top_texts: Sequence[str]) -> go.F
     tops = [_text(t) for t in top_texts]
     cd = [[t, fmt_prob(float(p))] for t, p in zip(tops, step.top_probs[:, 0], strict=True)]
     chosen = _text(chosen_text)
-    titles = [f"rank of {_show(chosen_text)} (1 = top)", "probability", "KL(final ‖ layer), nats"]
+    titles = [f"rank of “{_show(chosen_text)}” (1 = top)", "probability", "KL(final ‖ layer), nats"]
     layout = _base(None, 560)
     layout.update(_stacked(3, titles, 0.08))
     data = [
