@@ -85,7 +85,7 @@ if page.need_trace(ctx):
             names = ctx.labels(ba.token_ids.tolist())
             st.subheader(f"Who wrote {token}: each block's share of the logit")
             views.chart(charts.block_contributions_figure(ba, names), key="lens_blocks")
-            shown_names = [charts.display_token(t) for t in names]
+            shown_names = [style.token_md(charts.display_token(t)) for t in names]
             st.caption(
                 "Direct logit attribution: what each layer's attention and MLP added to the "
                 "final residual, read as the logit of the chosen token and of the runner-up, "

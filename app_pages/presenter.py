@@ -156,7 +156,7 @@ else:
     fig.update_xaxes(tickfont={"size": 16}, title={"text": "probability", "font": {"size": 18}})
     with st.container(key="pres_chart"):
         st.plotly_chart(fig, key="pres_dist", height="stretch", config={"displayModeBar": False})
-    shown_tok = charts.display_token(token)
+    shown_tok = style.token_md(charts.display_token(token))
     if chosen >= SHOWN:
         st.caption(
             f"{shown_tok} ranked {chosen + 1} (raw p = {charts.fmt_prob(p_raw)}): the draw "

@@ -4,7 +4,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from semviz.output import charts, style
+from semviz.output import charts, escape, style
 from ui import page, tour, views
 
 ctx = page.context("Tour 3 · Watch its distribution")
@@ -49,8 +49,14 @@ if page.need_trace(ctx):
     c1, c2 = st.columns(2)
     c1.metric("low-entropy steps", f"{len(low)} ({100 * len(low) / len(df):.0f}%)")
     c2.metric("high-entropy steps", f"{len(high)} ({100 * len(high) / len(df):.0f}%)")
-    c1.caption("sure: " + "  ".join(charts.display_token(t) for t in low["token"].head(30)))
-    c2.caption("unsure: " + "  ".join(charts.display_token(t) for t in high["token"].head(30)))
+    c1.caption(
+        "sure: "
+        + "  ".join(escape.markdown(charts.display_token(t)) for t in low["token"].head(30))
+    )
+    c2.caption(
+        "unsure: "
+        + "  ".join(escape.markdown(charts.display_token(t)) for t in high["token"].head(30))
+    )
     st.subheader("Entropy × varentropy")
     views.step_chart(ctx, charts.entropy_scatter(df, selected=ctx.selected), key="tour3_scatter")
 tour.footer(3)

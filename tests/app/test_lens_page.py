@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from semviz.analysis import lens
 
@@ -62,6 +63,11 @@ def test_the_token_in_the_headings_is_quoted_and_shows_no_markup(generated):
     heads = [h.value for h in at.subheader]
     assert f"Step 7: how {shown} rose through the layers" in heads, heads
     assert f"Who wrote {shown}: each block's share of the logit" in heads, heads
+    caption = next(c.value for c in at.caption if c.value.startswith("Direct logit attribution"))
+    # the chosen token and the runner-up, by the tokenizer's labels, each quoted
+    assert re.search(
+        r"sum to the logit: “[^”]+” -?\d+\.\d\d \(embedding [+-]\d+\.\d\d\); “", caption
+    )
 
 
 def test_a_run_without_the_lens_says_so_in_one_sentence(generated):
