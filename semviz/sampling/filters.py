@@ -91,8 +91,13 @@ def stable_head(x: Tensor, k: int) -> Tensor:
     k = max(1, min(k, n))
     if k >= n // 4:
         return stable_order(x.unsqueeze(0))[0]
-    kth = torch.topk(x, k).values[-1]
-    idx = torch.nonzero(x >= kth).flatten()  # ascending index order
+    top = torch.topk(x, k + 1)  # (k+1,) each, values descending
+    if top.values[k] < top.values[k - 1]:
+        # every entry outside the top k is at most the (k+1)-th value, below the k-th: the
+        # top k are exactly the entries >= the k-th value, with no pass over x to find them
+        idx = top.indices[:k].sort().values  # ascending index order
+    else:
+        idx = torch.nonzero(x >= top.values[k - 1]).flatten()  # ties at the k-th value too
     order = torch.sort(x[idx], descending=True, stable=True).indices
     return idx[order]
 

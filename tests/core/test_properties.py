@@ -176,3 +176,29 @@ def test_choose_is_inverse_cdf(x, u):
 def test_params_round_trip(x, p):
     assert core.PruneParams.from_dict(p.to_dict()) == p
     assert hash(p) == hash(core.PruneParams.from_dict(p.to_dict()))
+
+
+@SETTINGS
+@given(
+    st.integers(8, 400).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.integers(-4, 4).map(float), min_size=n, max_size=n)
+            | st.lists(finite_f, min_size=n, max_size=n),
+            st.integers(1, n),
+        )
+    )
+)
+def test_stable_head_is_the_stable_order_up_to_its_last_tie(case):
+    """The head is a prefix of the stable order that holds every entry tied with the k-th
+    value: ties straddling the k-th place (the small integers force them) and clear cuts
+    alike. Exactly that prefix where a top-k does the work; a short row is sorted whole."""
+    from semviz.sampling.filters import stable_head, stable_order
+
+    vals, k = case
+    x = torch.tensor(vals, dtype=torch.float32)
+    full = stable_order(x.unsqueeze(0))[0]
+    kth = x[full[k - 1]]
+    through = int((x >= kth).sum())
+    head = stable_head(x, k)
+    assert torch.equal(head, full[: head.numel()])
+    assert head.numel() == (through if k < x.numel() // 4 else x.numel())
