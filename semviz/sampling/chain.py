@@ -22,6 +22,7 @@ Examples
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,8 @@ class _Work:
     block: Tensor | None = None  # (K,) the filters' input, masked to alive
     p_block: Tensor | None = None  # (K,) softmax(block)
     t_f: float = 1.0  # the temperature the filters see
+    kept_idx: Tensor | None = None  # (n,) the kept indices ascending, when the filters know them
+    p_temp_plain: bool = False  # p_temp is softmax(s / T) over the whole set, T the final one
 
     @property
     def K(self) -> int:
@@ -157,10 +160,11 @@ def prune(
         kept = torch.zeros(w.K, dtype=torch.bool)
         kept[arg] = True
         final, p_temp, t, mu = kept.float(), kept.float(), 0.0, None
-        h_sampled, f, n_kept = 0.0, float(-w.s[arg]), 1
+        stats, n_kept = (arg, 0.0, float(-w.s[arg])), 1
     else:
         kept, p_temp, t, mu = _sample_chain(w, eff, t, state)
-        final, arg, h_sampled, f, support = _final(w.s, t, kept)
+        p_every = p_temp if w.p_temp_plain else None
+        final, support, stats = _final(w.s, t, kept, w.kept_idx, p_every)
         n_kept = support[0].numel()
     return PruneResult(
         index_probs={"raw": w.p_raw, "gravity": w.p_grav, "temperature": p_temp, "final": final},
@@ -168,15 +172,12 @@ def prune(
         waterfall=w.waterfall,
         entropy_raw=float(w.h_raw),
         varentropy_raw=float(w.v_raw),
-        entropy_sampled=h_sampled,
         temperature=float(t),
-        free_energy=f,
         n_kept=n_kept,
         fallback=reason,
         gravity=g if eff.gravity_lambda != 0.0 else None,
         greedy=greedy,
         scores=w.s,
-        argmax=arg,
         params=eff,
         tail_mass=w.tail_mass,
         gravity_dominance=dominance,
@@ -185,22 +186,37 @@ def prune(
         mirostat_eta=eff.mirostat_eta,
         state=state,
         _support=None if greedy else support,
+        _final_stats=stats,
     )
 
 
 def _final(
-    s: Tensor, t: float, kept: Tensor
-) -> tuple[Tensor, int, float, float, tuple[Tensor, Tensor]]:
-    """The distribution sampled from, softmax(s/T) over ``kept`` (K,), its argmax (lowest
-    index on ties), entropy and free energy, and its support: the kept indices (n,)
-    ascending and their probabilities (n,), which the pick reads instead of the (K,)."""
-    every = bool(kept.all())
-    kept_idx = (
-        torch.arange(kept.shape[0], device=kept.device) if every else torch.nonzero(kept).flatten()
-    )  # (n,)
+    s: Tensor,
+    t: float,
+    kept: Tensor,
+    kept_idx: Tensor | None = None,
+    p_every: Tensor | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor], Callable[[], tuple[int, float, float]]]:
+    """The distribution sampled from, softmax(s/T) over ``kept`` (K,); its support, the kept
+    indices (n,) ascending and their probabilities (n,), which the pick reads instead of the
+    (K,); and a function giving its argmax (lowest index on ties), entropy and free energy,
+    which only a reader of those pays for.
+
+    ``kept_idx`` is the kept indices when the caller has them (no pass over ``kept``), and
+    ``p_every`` is ``softmax(s / t)`` when the caller computed it (used when every token is
+    kept: the same operation on the same input)."""
+    if kept_idx is None:
+        every = bool(kept.all())
+        kept_idx = (
+            torch.arange(kept.shape[0], device=kept.device)
+            if every
+            else torch.nonzero(kept).flatten()
+        )  # (n,)
+    else:
+        every = kept_idx.numel() == kept.shape[0]
     if every:
         v = s / t  # (K,)
-        final = q = torch.softmax(v, -1)  # (K,)
+        final = q = torch.softmax(v, -1) if p_every is None else p_every  # (K,)
     else:
         # the softmax over the kept alone, in index order: the same values whatever else the
         # index set holds (the vocabulary or the recorded candidates), at the cost of the
@@ -208,10 +224,13 @@ def _final(
         v = s[kept_idx] / t  # (n,)
         q = torch.softmax(v, -1)  # (n,)
         final = torch.zeros(s.shape).index_copy_(0, kept_idx, q)  # (K,)
-    arg = int(kept_idx[q.max(0).indices])  # first maximal index
-    h = float(entropy_stats(torch.log(q))[0])  # over the kept: often few
-    f = float(-t * torch.logsumexp(v, -1))
-    return final, arg, h, f, (kept_idx, q)
+
+    def stats() -> tuple[int, float, float]:
+        arg = int(kept_idx[q.max(0).indices])  # first maximal index
+        h = float(entropy_stats(torch.log(q))[0])  # over the kept: often few
+        return arg, h, float(-t * torch.logsumexp(v, -1))
+
+    return final, (kept_idx, q), stats
 
 
 def _raw(
@@ -333,6 +352,7 @@ def _sample_chain(
         p_temp = w.p_block
     else:
         p_temp = torch.softmax((s if w.dense else _masked(s, w.alive)) / t, -1)  # (K,)
+        w.p_temp_plain = w.dense
 
     mu = None
     if eff.adaptive == "mirostat":
@@ -341,7 +361,7 @@ def _sample_chain(
         src = _masked(s / t, cur)  # (K,)
         after = cur & mirostat_mask(src, mu, eff.min_tokens_to_keep)[0]
         w.waterfall.append(_stage("mirostat", torch.softmax(src, -1), cur, after))
-        cur = after
+        cur, w.kept_idx = after, None
     return cur, p_temp, t, mu
 
 
@@ -405,7 +425,8 @@ def _head_filters(w: _Work, eff: PruneParams, active: list[Filter]) -> Tensor | 
             cur_h, stages = rows
             w.waterfall.extend(stages)
             cur = torch.zeros(w.K, dtype=torch.bool)
-            cur[head[cur_h]] = True
+            w.kept_idx = head[cur_h].sort().values  # (n,) ascending, as a pass over cur gives
+            cur[w.kept_idx] = True
             return cur
         if size >= _HEAD_MAX or size >= w.n_alive:
             return None
@@ -628,16 +649,17 @@ def _inverse_cdf(probs: Tensor, u: float, support: tuple[Tensor, Tensor] | None 
         pos = q > 0  # (n,)
         if not bool(pos.all()):  # a kept token whose probability underflowed
             live, q = live[pos], q[pos]  # (n',) each
-        p = q.double()
     else:
-        d = probs.double()  # (K,)
-        live = torch.nonzero(d > 0).flatten()  # (n,) ascending: the tokens that can be picked
-        p = d[live]  # (n,)
+        live = torch.nonzero(probs > 0).flatten()  # (n,) ascending: the tokens that can be picked
+        q = probs[live]  # (n,)
     if live.numel() == 0:
         return int(probs.max(0).indices)
+    p = q.double()  # (n,) exact: the CDF sums in float64
     n = live.numel()
     target = torch.tensor([u * float(p.sum())], dtype=torch.float64, device=p.device)
-    head = stable_head(p, 256)  # (h,) a prefix of p's stable descending order
+    # (h,) a prefix of p's stable descending order; q orders (and ties) exactly as p does,
+    # and a top-k over float32 costs less than over float64
+    head = stable_head(q, 256)
     for wider in ("mass", "all", None):
         cdf = p[head].cumsum(0)  # (h,)
         pos = int(torch.searchsorted(cdf, target, right=True))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -98,15 +99,12 @@ class PruneResult:
     waterfall: list[Stage]
     entropy_raw: float
     varentropy_raw: float
-    entropy_sampled: float
     temperature: float
-    free_energy: float
     n_kept: int
     fallback: str | None
     gravity: Tensor | None
     greedy: bool
     scores: Tensor  # (K,) adjusted score s = x + λG (−inf where removed by rerank)
-    argmax: int
     params: PruneParams
     tail_mass: float = 0.0
     gravity_dominance: float | None = None
@@ -117,6 +115,30 @@ class PruneResult:
     _observed: bool = False
     # the kept indices (n,) ascending and their final probabilities (n,), for the pick
     _support: tuple[Tensor, Tensor] | None = None
+    # (argmax, entropy_sampled, free_energy) of the final distribution, or the function that
+    # computes them on first read: a pick reads only the support, and replay's picks over the
+    # whole vocabulary would otherwise pay two passes over it for values nobody reads
+    _final_stats: tuple[int, float, float] | Callable[[], tuple[int, float, float]] = (0, 0.0, 0.0)
+
+    def _stats(self) -> tuple[int, float, float]:
+        if callable(self._final_stats):
+            self._final_stats = self._final_stats()
+        return self._final_stats
+
+    @property
+    def argmax(self) -> int:
+        """The final distribution's most probable index (lowest index on ties)."""
+        return self._stats()[0]
+
+    @property
+    def entropy_sampled(self) -> float:
+        """Entropy (nats) of the distribution sampled from, over the kept tokens."""
+        return self._stats()[1]
+
+    @property
+    def free_energy(self) -> float:
+        """``F = -T log Σ_kept exp(s/T)``; at T = 0 the lowest energy, ``-s[argmax]``."""
+        return self._stats()[2]
 
     @property
     def entropy_raw_bits(self) -> float:

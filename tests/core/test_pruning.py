@@ -42,6 +42,33 @@ def test_entropy_raw_and_sampled_differ_with_temperature():
     assert math.isclose(r.entropy_raw_bits, r.entropy_raw / math.log(2))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        PruneParams(temperature=0.7),  # no filter: every token kept
+        PruneParams(temperature=1.1, top_p=0.9),  # the filters on a short head
+        PruneParams(temperature=0.9, top_k=40, order="llama.cpp"),
+    ],
+    ids=["plain", "top_p", "llama_cpp"],
+)
+def test_the_final_distribution_and_its_statistics_over_a_whole_vocabulary(params):
+    """Over a vocabulary-sized set, where the head path and the reuse of the temperature
+    step's softmax apply: the final distribution is softmax(x/T) over the kept tokens,
+    bit for bit, and the argmax, entropy and free energy (computed on first read) are
+    their definitions."""
+    x = torch.randn(49152, generator=torch.Generator().manual_seed(3)) * 3
+    r = prune(x, params)
+    t = params.temperature
+    kept = torch.nonzero(r.kept).flatten()
+    q = torch.softmax(x / t, -1) if kept.numel() == x.numel() else torch.softmax(x[kept] / t, -1)
+    assert torch.equal(r.index_probs["final"][kept], q)
+    assert not r.index_probs["final"][~r.kept].any()  # nothing outside the kept
+    assert r.n_kept == kept.numel() and torch.equal(r._support[0], kept)
+    assert r.argmax == int(x.argmax())  # the kept set always holds the raw argmax here
+    assert math.isclose(r.entropy_sampled, float(-(q * q.log()).sum()), rel_tol=1e-4)
+    assert math.isclose(r.free_energy, -t * float(torch.logsumexp(x[kept] / t, -1)), rel_tol=1e-5)
+
+
 def test_intersection_of_top_k_and_top_p():
     x = torch.log(torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1]))
     both = prune(x, PruneParams(top_k=3, top_p=0.5)).kept
