@@ -117,7 +117,7 @@ class PruneResult:
     _support: tuple[Tensor, Tensor] | None = None
     # (argmax, entropy_sampled, free_energy) of the final distribution, or the function that
     # computes them on first read: a pick reads only the support, and replay's picks over the
-    # whole vocabulary would otherwise pay two passes over it for values nobody reads
+    # whole vocabulary would otherwise pay for a max, a log-softmax and a log-sum-exp over it
     _final_stats: tuple[int, float, float] | Callable[[], tuple[int, float, float]] = (0, 0.0, 0.0)
 
     def _stats(self) -> tuple[int, float, float]:
