@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +21,7 @@ from hypothesis import strategies as hs
 
 from semviz.decoding.settings import KV_POLICIES
 from tests.app.conftest import click_step, link_notes, settle
-from ui import nav
+from ui import nav, work
 from ui.state import COUNT, Settings, spec_of
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -237,6 +238,9 @@ def test_a_linked_run_keeps_its_notes_on_screen_until_it_has_ended(tiny_dir):
         while at.session_state["semviz"].job is not None:
             assert "chat=" in " ".join(link_notes(at))
             runs_while_playing += 1
+            # at the browser's pace: runs back to back hold the GIL nearly all the time and
+            # starve the task's thread (this test took 39 s that way, 6 s at this pace)
+            time.sleep(work.TICK_EVERY)
             at.run()
         assert runs_while_playing >= 1, "the linked run ended in one tick: make it longer"
         if working(at):  # it ended in its thread after that run: the next run shows the end
