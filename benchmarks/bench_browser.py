@@ -28,11 +28,10 @@ measured side by side in one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -42,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.conftest import nav_click  # noqa: E402
+from tests.e2e.conftest import ARTIFACTS, nav_click, serve  # noqa: E402
 from tests.e2e.test_browser import PAGES  # noqa: E402  (the pages the browser tests walk)
 
 # records every change of the app's script state with the page's clock (ms)
@@ -54,44 +53,6 @@ OBSERVE = """() => {
       [performance.now(), el.getAttribute('data-test-script-state')]))
     .observe(el, {attributes: true, attributeFilter: ['data-test-script-state']});
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "SEMVIZ_MODEL"}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    streamlit = Path(sys.executable).with_name("streamlit")
-    proc = subprocess.Popen(
-        [
-            str(streamlit),
-            "run",
-            "app.py",
-            "--server.port",
-            str(port),
-            "--server.headless",
-            "true",
-            "--browser.gatherUsageStats",
-            "false",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("the app did not start in 120 s")
 
 
 def now(page) -> float:
@@ -301,6 +262,11 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=2000, help="long prompt, tokens")
     ap.add_argument("--moves", type=int, default=6)
     ap.add_argument("--url", default=None, help="time a running app instead of starting one")
+    ap.add_argument(
+        "--debug-log",
+        action="store_true",
+        help="the started app logs each script run (adds a little to every rerun)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--parts",
@@ -311,44 +277,53 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="Steps on new prompts (part step)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
+    # the app's log is kept: with --debug-log it has one line per script run, which tells a
+    # click lost in the browser (no run logged after it) from one lost on the server
+    log = "bench_browser_server.log"
+    debug = ("--logger.level", "debug") if args.debug_log else ()
+    server = (
+        contextlib.nullcontext((args.url.rstrip("/"), None))
+        if args.url
+        else serve({"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, log, debug)
+    )
+    out: dict = {}
+    with server as (BASE, _pid):
+        try:
+            measure(args, parts, out)
+        except TimeoutError:
+            if not args.url:
+                print(f"the app's log: {ARTIFACTS / log}", file=sys.stderr)
+            raise
+    report(args, out)
 
+
+def measure(args, parts: set[str], out: dict) -> None:
+    """Time the ``parts`` in one chromium, into ``out``."""
     from playwright.sync_api import sync_playwright
 
     from semviz.output.report import BROWSER_ARGS, chromium_path
 
-    if args.url:
-        BASE, proc = args.url.rstrip("/"), None
-    else:
-        port = free_port()
-        BASE = f"http://127.0.0.1:{port}"
-        proc = start_server(port)
-    out: dict = {}
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=chromium_path() or "/usr/bin/chromium", args=BROWSER_ARGS
-            )
-            if parts & {"first", "step"}:  # the second also warms the model for "step"
-                out["first_token_cold_s"] = first_token(browser)
-                out["first_token_warm_s"] = first_token(browser)
-            if "step" in parts:
-                out["step"] = step_first_token(browser, args.reps)
-            if "slider" in parts:
-                out["slider"] = slider_moves(browser, args.steps, args.moves)
-            if "pages" in parts:
-                short = page_renders(browser, "Once upon a time", 8)
-                longp = page_renders(browser, long_prompt(args.long), 8)
-                out["pages_short_ms"] = short
-                out[f"pages_{args.long}_tokens_ms"] = longp
-                out["pages_long_vs_short"] = {k: longp[k] / short[k] for k in short}
-            browser.close()
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=chromium_path() or "/usr/bin/chromium", args=BROWSER_ARGS
+        )
+        if parts & {"first", "step"}:  # the second also warms the model for "step"
+            out["first_token_cold_s"] = first_token(browser)
+            out["first_token_warm_s"] = first_token(browser)
+        if "step" in parts:
+            out["step"] = step_first_token(browser, args.reps)
+        if "slider" in parts:
+            out["slider"] = slider_moves(browser, args.steps, args.moves)
+        if "pages" in parts:
+            short = page_renders(browser, "Once upon a time", 8)
+            longp = page_renders(browser, long_prompt(args.long), 8)
+            out["pages_short_ms"] = short
+            out[f"pages_{args.long}_tokens_ms"] = longp
+            out["pages_long_vs_short"] = {k: longp[k] / short[k] for k in short}
+        browser.close()
+
+
+def report(args, out: dict) -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return

@@ -30,9 +30,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(env: dict[str, str] | None = None, log: str = "server.log") -> Iterator[tuple[str, int]]:
+def serve(
+    env: dict[str, str] | None = None, log: str = "server.log", args: tuple[str, ...] = ()
+) -> Iterator[tuple[str, int]]:
     """``streamlit run app.py`` on 127.0.0.1 and a free port, with ``env`` over this process's
-    environment (without ``SEMVIZ_MODEL``: the real default model); yields (URL, pid)."""
+    environment (without ``SEMVIZ_MODEL``: the real default model) and ``args`` after
+    Streamlit's own; yields (URL, pid). Its output goes to ``ARTIFACTS / log``."""
     port = _free_port()
     base = {k: v for k, v in os.environ.items() if k != "SEMVIZ_MODEL"}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -51,6 +54,7 @@ def serve(env: dict[str, str] | None = None, log: str = "server.log") -> Iterato
             "true",
             "--browser.gatherUsageStats",
             "false",
+            *args,
         ],
         cwd=ROOT,
         env={**base, **(env or {})},
