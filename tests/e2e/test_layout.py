@@ -145,13 +145,26 @@ OVERHANG = """
 """
 
 
+# every chart drawn as wide as its box: true again once Plotly has re-laid out after a resize
+# (within 0.3 s of it on this machine's pages)
+CHARTS_FIT = """
+() => [...document.querySelectorAll('.js-plotly-plot')].every(gd => {
+  const svg = gd.querySelector('.main-svg');
+  return !svg || Math.abs(svg.getBoundingClientRect().width - gd.getBoundingClientRect().width) <= 1;
+})
+"""
+
+
 def _settle(page, timeout: float = 8.0) -> None:
-    """Wait for the charts to re-lay out after a resize (Plotly debounces it)."""
-    time.sleep(0.5)
+    """Wait for the charts to re-lay out after a resize (Plotly redraws them at the new width
+    a moment later), then for one more paint."""
+    time.sleep(0.1)  # the resize observers' turn
     deadline = time.time() + timeout
-    while page.evaluate(OVERHANG) > 1 and time.time() < deadline:
-        time.sleep(0.25)
-    time.sleep(0.3)
+    while time.time() < deadline and not (
+        page.evaluate(CHARTS_FIT) and page.evaluate(OVERHANG) <= 1
+    ):
+        time.sleep(0.05)
+    time.sleep(0.15)
 
 
 def _shoot(page, name: str, w: int, h: int, whole: bool = True) -> None:
