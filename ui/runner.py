@@ -46,6 +46,7 @@ from ui.model import get_model
 from ui.state import SessionData, Settings
 
 WAIT_SECONDS = 10.0  # how long a click waits for the change in progress
+STEP_WAIT = 1.0  # how long a Step's click waits for its task (the panel shows one that goes on)
 MAX_BRANCHES = 8  # branches kept per run (each holds its own KV cache)
 GHOST_TOKENS = 24  # what-if continuation decoded for the ghost text
 RUN, GHOST = "run", "ghost"  # the session's tasks in ``ui.work``
@@ -549,6 +550,8 @@ def start(
             run_key=settings.run_key(),
         )
         _begin(sess, t)
+    if kind == "step":  # the first token is on screen with the click's own run
+        work.wait(sess, RUN, STEP_WAIT)
 
 
 def _begin(sess: SessionData, t: RunTask) -> None:

@@ -8,7 +8,9 @@ How it runs, in a few rules:
 - A task runs in a thread of its own (:func:`start`), which is the only writer of what it
   makes; every model call it makes waits for its turn in the model's line. A page never
   changes a running task's work: it draws the copy the task keeps after each unit
-  (``Task.latest``), so a page never waits for the model and takes no lock to draw it.
+  (``Task.latest``), so a page never waits for the model and takes no lock to draw it. (A
+  click may wait a moment for a task that ends at once, so that its run draws the end:
+  :func:`wait`.)
 - :func:`panel` draws the progress (phase, how far, the time left, the place in the line),
   Stop, and the page's view of the work, in one fragment that reruns every ``tick_every()``
   seconds while the task runs; when the task ends the whole page reruns once. What a task made
@@ -125,6 +127,16 @@ def keep_ended(sess, name: str) -> None:
     s = slot(sess, name)
     if s is not None and s.task is not None and s.task.finished:
         _kept(s)
+
+
+def wait(sess, name: str, seconds: float) -> None:
+    """Wait up to ``seconds`` for the session's ``name`` task to end, and keep its end if it
+    did. From a click's callback: a task that ends within a moment (a first Step's prefill
+    and token) is then drawn by the run that follows the click, not a tick later."""
+    s = slot(sess, name)
+    if s is not None and s.thread is not None:
+        s.thread.join(seconds)
+    keep_ended(sess, name)
 
 
 def running(sess, name: str) -> bool:

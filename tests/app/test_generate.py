@@ -398,6 +398,19 @@ def test_step_then_run_follows_the_new_tokens(app):
     assert sess(app).selected_step() == 3 and app.slider(key="step_sel").value == 3
 
 
+def test_a_first_step_draws_its_token_in_the_clicks_own_run(app, monkeypatch):
+    """The first Step's task (prefill and a token) is waited for by the click, so the run that
+    follows the click draws the token, not the panel's next tick (0.3 s more in a browser)."""
+    monkeypatch.setattr(runner, "STEP_WAIT", 60.0)  # the task's end decides, not the machine
+    click_step(app)
+    app.run()  # this one run, not settled
+    dec = sess(app).decoder
+    assert sess(app).job is None and dec is not None and dec.n_steps == 1
+    assert any("1 token generated · ready" in c.value for c in app.caption), [
+        c.value for c in app.caption
+    ]
+
+
 def test_a_click_after_the_first_steps_task_ended_steps_on_from_its_run(app, monkeypatch):
     """The first Step's task (prefill and a token) ends in its thread; a second click whose
     callback comes before any page run has kept that end steps on from the run the task
