@@ -16,9 +16,18 @@ page's own clock:
    sidebar and timed from the click to idle with its charts drawn. Prints the ratio long/short.
 4. **Step on a new prompt** (part ``step``), the model warm: from the click on Step to the
    first token on screen, beside the model's own prefill and first step for that prompt.
+5. **a link reopened, a branch, Compare** (parts ``link``, ``branch``, ``compare``), each
+   beside the model doing the same work in this process, as a ratio: a ``--run``-token link
+   (default 32) opened in a new browser context, from the navigation to its last token on
+   screen (the model: prefill and ``--run`` steps); a branch at step ``--run`` − 8 from the
+   hover card, from the click to its last token with the task ended (the model: a fork
+   rewound to that step, then 8 steps); Compare's "Run both" on two ``--run``-token sides,
+   from the click to "done" (the model: ``semviz.analysis.compare.compare``). The slider
+   part puts the ghost continuation beside the model's own fork, rewind and steps for it.
 
     python benchmarks/bench_browser.py [--steps 128] [--long 2000] [--moves 6] [--json]
-                                       [--parts first,step,slider,pages] [--reps 5]
+                                       [--parts first,step,slider,pages,link,branch,compare]
+                                       [--reps 5] [--run 32]
                                        [--url http://host:port]  # an app already running
 
 Absolute times depend on the machine's load; run it on a quiet machine. The ratios are
@@ -43,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.e2e.conftest import ARTIFACTS, nav_click, serve  # noqa: E402
 from tests.e2e.test_browser import PAGES  # noqa: E402  (the pages the browser tests walk)
+from ui.runner import GHOST_TOKENS  # noqa: E402
 
 # records every change of the app's script state with the page's clock (ms)
 OBSERVE = """() => {
@@ -179,10 +189,71 @@ def open_run(browser, query: dict, width: int = 1440) -> tuple:
     return ctx, page
 
 
+# the ghost lane (ui.strip) complete: as many tokens as the ghost decodes (GHOST_TOKENS, or
+# up to the run's end) after its first step, or an end the model chose ("[eos]")
+GHOST_DONE = """(() => {
+  const g = document.querySelectorAll('.semviz-strip .ghost');
+  if (!g.length) return false;
+  const p = document.querySelector('.semviz-strip .ghost-lane .pending');
+  const note = p ? p.textContent : '';
+  const want = Math.min(%d, %d - Number(g[0].dataset.step));
+  return !note.includes('decoding') && (g.length >= want || note.includes('['));
+})()"""
+RUN = {"prompt": "Once upon a time", "chat": "0"}  # the links' runs (with a seed and steps)
+
+
+def model():
+    """The default model, loaded and warm in this process (the baselines' side)."""
+    from semviz import load_model
+
+    lm = load_model()
+    model_run(lm, 0, 1)
+    return lm
+
+
+def model_run(lm, seed: int, n: int, params=None):
+    """A run of ``RUN``'s prompt as a link with ``seed`` and ``n`` steps decodes it: the app's
+    default settings; returns the decoder after its prefill and ``n`` steps."""
+    from semviz.decoding.decoder import Decoder, DecodeSettings
+    from semviz.sampling import PruneParams
+
+    p = PruneParams(temperature=0.8) if params is None else params
+    dec = Decoder(lm, RUN["prompt"], p, DecodeSettings(seed=seed, chat=False))
+    for _ in range(n):
+        dec.step()
+    return dec
+
+
+def timed(fn, *args, **kwargs) -> float:
+    """Milliseconds ``fn(*args, **kwargs)`` takes."""
+    t = time.perf_counter()
+    fn(*args, **kwargs)
+    return 1e3 * (time.perf_counter() - t)
+
+
+def continue_from(dec, k: int, n: int, params=None, token: int | None = None) -> None:
+    """What a branch or a ghost costs the model: a fork of ``dec`` rewound to step ``k``
+    (``params`` from there), then ``n`` steps, the first one taking ``token`` if given."""
+    f = dec.fork()
+    f.rewind(k, params)
+    for i in range(n):
+        f.step(force_token=token if i == 0 else None)
+
+
+def ratio(browser_ms: list[float], model_ms: list[float], **extra) -> dict:
+    b, m = statistics.median(browser_ms), statistics.median(model_ms)
+    return {"browser_ms": b, "browser_max_ms": max(browser_ms), "model_ms": m,
+            "ratio": b / m, "n": len(browser_ms), **extra}  # fmt: skip
+
+
 def slider_moves(browser, steps: int, moves: int) -> dict:
-    q = {"prompt": "Once upon a time", "chat": "0", "seed": "0", "steps": str(steps)}
+    from semviz.sampling import PruneParams
+
+    q = {**RUN, "seed": "0", "steps": str(steps)}
     ctx, page = open_run(browser, q)
-    plain, moved, ghost = [], [], []
+    lm = model()
+    dec = model_run(lm, 0, steps)
+    plain, moved, ghost, ghost_model, ghost_tokens = [], [], [], [], []
     try:
         for i in range(moves):
             name = "entropy" if i % 2 == 0 else "probability"
@@ -195,23 +266,131 @@ def slider_moves(browser, steps: int, moves: int) -> dict:
             t0 = now(page)
             page.keyboard.press("ArrowLeft" if i % 2 == 0 else "ArrowRight")
             moved.append(settle(page, t0))
-            t1 = wait_for(
-                page,
-                "!(document.querySelector('.semviz-strip .pending') || "
-                "{textContent: ''}).textContent.includes('decoding')",
-            )
-            ghost.append(t1 - t0)
             quiet(page)
+        # the ghost: presses to temperatures not seen before (a what-if seen before keeps its
+        # ghost), from the key press to its last token, beside the model's fork, rewind and
+        # steps for the same continuation
+        for _ in range(moves):
+            page.get_by_role("slider", name="Temperature").focus()
+            t0 = now(page)
+            page.keyboard.press("ArrowLeft")
+            settle(page, t0)  # the strip drawn for the new what-if, not the last one's ghost
+            t1 = wait_for(page, GHOST_DONE % (GHOST_TOKENS, steps))
+            at, n = page.evaluate(
+                "() => { const g = document.querySelectorAll('.semviz-strip .ghost');"
+                " return [+g[0].dataset.step, g.length]; }"
+            )
+            quiet(page)
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
+            p = PruneParams(temperature=float(query["temperature"][0]))
+            ghost.append(t1 - t0)
+            ghost_tokens.append(n)
+            ghost_model.append(timed(continue_from, dec, at, n, p))
     finally:
         ctx.close()
-    return {
+    out = {
         "steps": steps,
         "plain_rerun_ms": statistics.median(plain),
         "slider_settled_ms": statistics.median(moved),
         "slider_settled_max_ms": max(moved),
-        "ghost_complete_ms": statistics.median(ghost),
         "slider_vs_plain": statistics.median(moved) / statistics.median(plain),
     }
+    if ghost:  # the key press to the ghost's last token, beside the model decoding it
+        out["ghost"] = ratio(ghost, ghost_model, tokens=statistics.median(ghost_tokens))
+    return out
+
+
+def link_reopened(browser, n: int, reps: int) -> dict:
+    """A link to an ``n``-token run opened in a new browser context: from the navigation to
+    its last token on screen, beside the model's prefill and ``n`` steps. Each rep has its
+    own seed, so no run is already in the server's memory."""
+    lm = model()
+    browser_ms, model_ms = [], []
+    for i in range(reps):
+        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+        page = ctx.new_page()
+        page.goto(BASE + "/generate?" + urllib.parse.urlencode({**RUN, "seed": 100 + i,
+                                                                 "steps": n}))  # fmt: skip
+        # performance.now() counts from the navigation's start
+        browser_ms.append(wait_for(page, f"document.querySelectorAll('.semviz-strip .tok')"
+                                         f".length >= {n}"))  # fmt: skip
+        page.evaluate(OBSERVE)
+        wait_done(page)
+        ctx.close()
+        model_ms.append(timed(model_run, lm, 100 + i, n))
+    return ratio(browser_ms, model_ms, tokens=n)
+
+
+def branch(browser, n: int, reps: int, new: int = 8) -> dict:
+    """A branch from the hover card at step ``n - new`` of an ``n``-token run: from the click
+    on an alternative to the branch's last token on screen with its task ended, beside the
+    model's fork rewound to that step and ``new`` steps; and the switch back to the run."""
+    lm = model()
+    k = n - new
+    done = (
+        "document.querySelector('.st-key-branch_pick label[data-testid=stRadioOption]"
+        ":not([data-disabled])') && !document.querySelector('.st-key-job_stop') && "
+        f"document.querySelectorAll('.semviz-strip .tok').length >= {n}"
+    )
+    browser_ms, model_ms, back_ms = [], [], []
+    for i in range(reps):
+        ctx, page = open_run(browser, {**RUN, "seed": str(200 + i), "steps": str(n)})
+        try:
+            page.locator(".semviz-strip .tok").nth(k).hover()
+            alt = page.locator(".semviz-card tr.alt").first
+            alt.wait_for(timeout=10_000)
+            t0 = now(page)
+            alt.click()
+            browser_ms.append(wait_for(page, done) - t0)
+            quiet(page)
+            t0 = now(page)
+            page.locator('.st-key-branch_pick [role="radiogroup"] label').first.click()
+            back_ms.append(settle(page, t0))
+        finally:
+            ctx.close()
+        dec = model_run(lm, 200 + i, n)
+        rec = dec.trace.steps[k]
+        token = next(int(t) for t in rec.cand_ids if int(t) != rec.token_id)
+        model_ms.append(timed(continue_from, dec, k, new, token=token))
+    return ratio(browser_ms, model_ms, tokens=new, at=k,
+                 switch_back_ms=statistics.median(back_ms))  # fmt: skip
+
+
+def compare_sides(browser, n: int, reps: int) -> dict:
+    """Compare's "Run both" on its default sides, ``n`` tokens each: from the click to "done"
+    on screen, beside ``semviz.analysis.compare.compare`` on the same sides."""
+    from semviz.analysis import compare as cmp
+    from ui.state import SessionData
+
+    lm = model()
+    specs = SessionData.__dataclass_fields__["compare_sides"].default
+    sides = [cmp.parse_side(s) for s in specs]
+    browser_ms, model_ms = [], []
+    for i in range(reps):
+        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+        page = ctx.new_page()
+        try:
+            page.goto(BASE + "/compare?" + urllib.parse.urlencode({**RUN, "seed": 300 + i}))
+            page.wait_for_selector('[data-testid="stApp"]')
+            page.evaluate(OBSERVE)
+            button = page.get_by_role("button", name="Run both", exact=True)
+            button.wait_for(timeout=600_000)
+            quiet(page)
+            if n != 32:  # the page's default
+                box = page.get_by_label("Tokens")
+                box.fill(str(n))
+                box.press("Enter")
+                quiet(page)
+            t0 = now(page)
+            button.click()
+            browser_ms.append(wait_for(page, "document.body.innerText.includes("
+                                             "' · done · first divergence')") - t0)  # fmt: skip
+            quiet(page)
+        finally:
+            ctx.close()
+        model_ms.append(timed(cmp.compare, lm, RUN["prompt"], sides, steps=n, seed=300 + i,
+                              chat=False))  # fmt: skip
+    return ratio(browser_ms, model_ms, tokens=n, sides=list(specs))
 
 
 def long_prompt(n_tokens: int) -> str:
@@ -270,11 +449,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--parts",
-        default="first,step,slider,pages",
+        default="first,step,slider,pages,link,branch,compare",
         help="what to time, comma-separated: first (first token from the root URL), step "
-        "(Step on a new prompt, warm), slider, pages",
+        "(Step on a new prompt, warm), slider, pages, link (a link reopened), branch, compare",
     )
-    ap.add_argument("--reps", type=int, default=5, help="Steps on new prompts (part step)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of step (3 of the rest)")
+    ap.add_argument("--run", type=int, default=32, help="tokens of a link, branch or Compare")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     # the app's log is kept: with --debug-log it has one line per script run, which tells a
@@ -314,6 +494,12 @@ def measure(args, parts: set[str], out: dict) -> None:
             out["step"] = step_first_token(browser, args.reps)
         if "slider" in parts:
             out["slider"] = slider_moves(browser, args.steps, args.moves)
+        timed_parts = [("link", link_reopened), ("branch", branch), ("compare", compare_sides)]
+        if "first" not in parts and parts & {name for name, _ in timed_parts}:
+            first_token(browser)  # the server loads the model: what is timed is warm
+        for name, fn in timed_parts:
+            if name in parts:
+                out[name] = fn(browser, args.run, min(args.reps, 3))
         if "pages" in parts:
             short = page_renders(browser, "Once upon a time", 8)
             longp = page_renders(browser, long_prompt(args.long), 8)
@@ -345,8 +531,23 @@ def report(args, out: dict) -> None:
         print(
             f"slider move, {s['steps']}-step trace: settled {s['slider_settled_ms']:.0f} ms "
             f"(max {s['slider_settled_max_ms']:.0f}), plain rerun {s['plain_rerun_ms']:.0f} "
-            f"ms, ratio {s['slider_vs_plain']:.2f}x; ghost continuation complete "
-            f"{s['ghost_complete_ms']:.0f} ms"
+            f"ms, ratio {s['slider_vs_plain']:.2f}x"
+        )
+    lines = {
+        "ghost": "slider move to the ghost's last token ({tokens:.0f} tokens)",
+        "link": "a {tokens}-token link reopened, navigation to last token",
+        "branch": "a branch of {tokens} tokens at step {at}, click to last token",
+        "compare": "Compare, 2 x {tokens} tokens, click to done",
+    }
+    for key, what in lines.items():
+        r = out.get("slider", {}).get(key) if key == "ghost" else out.get(key)
+        if r is None:
+            continue
+        print(
+            f"{what.format(**r)}: {r['browser_ms']:.0f} ms median of {r['n']} (max "
+            f"{r['browser_max_ms']:.0f}), the model {r['model_ms']:.0f} ms: {r['ratio']:.2f}x"
+            " (goal <= 1.5x)"
+            + (f"; switch back {r['switch_back_ms']:.0f} ms" if "switch_back_ms" in r else "")
         )
     if "pages_short_ms" not in out:
         return
