@@ -8,7 +8,9 @@ it keeps after each token (``SessionData.view``). So a page never waits for the 
 no lock guards the run while a page draws. What changes the run from a click (a single Step,
 Rewind, Reset, switching branches, starting a task) runs in the page's own thread, under the
 session's lock (:func:`exclusive`), and is refused with a message while a task runs (press
-Stop first); Step clicks made while a Step task runs are added to it, not lost.
+Stop first); Step clicks made while a Step task runs are added to it, not lost. A Step or a
+branch click then waits up to ``STEP_WAIT`` for its task, so that short work (a first token,
+a branch of a few tokens) is drawn by the click's own run rather than a tick later.
 
 Branches: clicking an alternative token (or regenerating from a step) forks the current
 decoder (``Decoder.fork``: the cache tensors are shared, nothing is re-fed) and switches to
@@ -46,7 +48,7 @@ from ui.model import get_model
 from ui.state import SessionData, Settings
 
 WAIT_SECONDS = 10.0  # how long a click waits for the change in progress
-STEP_WAIT = 1.0  # how long a Step's click waits for its task (the panel shows one that goes on)
+STEP_WAIT = 1.0  # how long a Step or branch click waits for its task (a longer one: panel)
 MAX_BRANCHES = 8  # branches kept per run (each holds its own KV cache)
 GHOST_TOKENS = 24  # what-if continuation decoded for the ghost text
 RUN, GHOST = "run", "ghost"  # the session's tasks in ``ui.work``
@@ -375,6 +377,7 @@ def branch_from(sess: SessionData, settings: Settings, k: int, token_id: int) ->
                 select=k,
             ),
         )
+    work.wait(sess, RUN, STEP_WAIT)  # a short branch is drawn whole by the click's own run
 
 
 def regenerate_from(sess: SessionData, settings: Settings, k: int, n: int | None = None) -> None:

@@ -411,6 +411,22 @@ def test_a_first_step_draws_its_token_in_the_clicks_own_run(app, monkeypatch):
     ]
 
 
+def test_a_short_branch_is_drawn_whole_by_the_clicks_own_run(app, monkeypatch):
+    """A branch's click waits for its task like a first Step's: the run that follows the
+    click draws the branch's every token and no task, not the panel's next ticks."""
+    at = run_steps(app, 8)
+    sess(at).selected = 3
+    at.run()
+    at.selectbox(key="branch_tok").select_index(0).run()
+    monkeypatch.setattr(runner, "STEP_WAIT", 60.0)  # the task's end decides, not the machine
+    at.button(key="btn_branch").click().run()  # this one run, not settled
+    assert sess(at).job is None and len(runner.branches(sess(at))) == 2
+    assert sess(at).decoder.n_steps == 8
+    assert any("8 tokens generated · ready" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
+
+
 def test_a_click_after_the_first_steps_task_ended_steps_on_from_its_run(app, monkeypatch):
     """The first Step's task (prefill and a token) ends in its thread; a second click whose
     callback comes before any page run has kept that end steps on from the run the task
