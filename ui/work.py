@@ -13,7 +13,8 @@ How it runs, in a few rules:
   :func:`wait`.)
 - :func:`panel` draws the progress (phase, how far, the time left, the place in the line),
   Stop, and the page's view of the work, in one fragment that reruns every ``tick_every()``
-  seconds while the task runs; when the task ends the whole page reruns once. What a task made
+  seconds while the task runs (a tick that finds the task within a tick of its end waits for
+  it: :func:`finish_soon`); when the task ends the whole page reruns once. What a task made
   stays when it ends, as an :class:`Ended` (its result, how far it got, whether Stop or an
   error ended it), which the page reads with :func:`result` and :func:`ended`; the task itself
   is let go. A page that must act on each unit (the run keeps its decoder) passes
@@ -295,8 +296,10 @@ def panel(
         if sess.rerun_app and _in_fragment_run():
             sess.rerun_app = False
             st.rerun()  # a click inside the fragment that the whole page follows
-        if ticking and _in_fragment_run() and not every / 1.5 < tick_every() < every * 1.5:
-            st.rerun()  # a fragment's pace is set by a full run: follow the load now
+        if ticking and _in_fragment_run():
+            if not every / 1.5 < tick_every() < every * 1.5:
+                st.rerun()  # a fragment's pace is set by a full run: follow the load now
+            finish_soon(sess, names, every)
         drawn = [s for s in (slot(sess, n) for n in names) if s is not None and s.drawn]
         refresh(sess, names)
         if drawn and not any(s.running for s in drawn):
@@ -312,6 +315,19 @@ def panel(
             draw()
 
     _panel()
+
+
+def finish_soon(sess, names: Sequence[str], within: float) -> None:
+    """Wait for each of the session's ``names`` tasks that its pace says will end within
+    ``within`` seconds (and that is not waiting in the model's line): the tick that finds it
+    then draws its end, not the tick after it, and its thread has the CPU meanwhile."""
+    for n in names:
+        s = slot(sess, n)
+        if s is None or not s.running or s.thread is None or s.place is not None:
+            continue
+        eta = s.task.progress().eta()
+        if eta is not None and eta < within:
+            s.thread.join(min(within, 1.5 * eta + 0.05))
 
 
 def _in_fragment_run() -> bool:

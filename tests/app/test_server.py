@@ -485,6 +485,46 @@ def test_an_ended_kv_eval_keeps_its_rows_and_lets_its_evaluation_go(tiny_lm):
     assert work.result(sess, "kve") is None and sess.notice == "gone"
 
 
+def test_a_tick_waits_for_a_task_due_to_end_within_it_and_not_for_one_that_is_not():
+    """``work.finish_soon``: the panel's tick that finds a task within a tick of its end (by
+    its own pace) waits for it, so that tick draws the end; a task further from its end is
+    left to run."""
+    import time
+
+    from semviz.tasks import Progress, Task
+    from tests.app.conftest import wait_until
+    from ui import work
+    from ui.state import SessionData
+
+    class Sleeps(Task):  # units that take 20 ms each and need no CPU: a steady pace
+        def __init__(self, n):
+            super().__init__()
+            self.n, self.done = n, 0
+
+        def unit(self, turns):
+            time.sleep(0.02)
+            self.done += 1
+            return self.done < self.n
+
+        def progress(self):
+            return Progress(self.done, self.n, seconds=self.seconds)
+
+    sess = SessionData()
+    work.start(sess, "far", Sleeps(500))  # about 10 s in all
+    far = work.slot(sess, "far").task
+    wait_until(lambda: far.done >= 2)
+    t = time.perf_counter()
+    work.finish_soon(sess, ["far"], within=0.5)
+    assert time.perf_counter() - t < 0.5 and not far.finished
+    work.stop(sess, "far")
+
+    work.start(sess, "near", Sleeps(20))  # about 0.4 s in all
+    near = work.slot(sess, "near").task
+    wait_until(lambda: near.done >= 2)
+    work.finish_soon(sess, ["near"], within=30.0)
+    assert near.finished
+
+
 def test_a_playing_page_draws_while_its_task_waits_in_the_models_line(
     monkeypatch, tiny_dir, one_lane
 ):
