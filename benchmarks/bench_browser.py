@@ -128,9 +128,14 @@ def wait_done(page, timeout: float = 1800.0) -> None:
     quiet(page)
 
 
+def new_page(browser, width: int = 1440) -> tuple:
+    """A new browser context (no cookies, no session) and its page: (context, page)."""
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    return ctx, ctx.new_page()
+
+
 def first_token(browser) -> float:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    page = ctx.new_page()
+    ctx, page = new_page(browser)
     t0 = time.perf_counter()
     page.goto(BASE + "/")
     page.get_by_role("button", name="Generate", exact=True).click(timeout=600_000)
@@ -154,17 +159,14 @@ def step_first_token(browser, reps: int) -> dict:
     to the first generated token on screen, on Generate opened with a prompt not run before;
     beside it, the model's own prefill and first step for the same prompt (``Decoder`` then
     ``step()`` in this process, at the app's default settings)."""
-    from semviz import load_model
     from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.sampling import PruneParams
 
-    lm = load_model()
-    Decoder(lm, "warm up", PruneParams(temperature=0.8), DecodeSettings(seed=0)).step()
+    lm = model()
     browser_ms, model_ms = [], []
     for i in range(reps):
         prompt = STEP_PROMPTS[i % len(STEP_PROMPTS)] + f" ({i})"
-        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-        page = ctx.new_page()
+        ctx, page = new_page(browser)
         page.goto(BASE + "/generate?" + urllib.parse.urlencode({"prompt": prompt}))
         page.wait_for_selector('[data-testid="stApp"]')
         page.evaluate(OBSERVE)
@@ -187,8 +189,7 @@ def step_first_token(browser, reps: int) -> dict:
 
 
 def open_run(browser, query: dict, width: int = 1440) -> tuple:
-    ctx = browser.new_context(viewport={"width": width, "height": 900})
-    page = ctx.new_page()
+    ctx, page = new_page(browser, width)
     page.goto(BASE + "/generate?" + urllib.parse.urlencode(query))
     page.wait_for_selector('[data-testid="stApp"]')
     page.evaluate(OBSERVE)
@@ -220,13 +221,13 @@ def model():
     return lm
 
 
-def model_run(lm, seed: int, n: int, params=None):
+def model_run(lm, seed: int, n: int):
     """A run of ``RUN``'s prompt as a link with ``seed`` and ``n`` steps decodes it: the app's
     default settings; returns the decoder after its prefill and ``n`` steps."""
     from semviz.decoding.decoder import Decoder, DecodeSettings
     from semviz.sampling import PruneParams
 
-    p = PruneParams(temperature=0.8) if params is None else params
+    p = PruneParams(temperature=0.8)
     dec = Decoder(lm, RUN["prompt"], p, DecodeSettings(seed=seed, chat=False))
     for _ in range(n):
         dec.step()
@@ -316,9 +317,8 @@ def link_reopened(browser, n: int, reps: int) -> dict:
     lm = model()
     browser_ms, model_ms, loaded_ms = [], [], []
     for i in range(reps):
-        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-        ctx.add_init_script(OBSERVE_FROM_LOAD)
-        page = ctx.new_page()
+        ctx, page = new_page(browser)
+        page.add_init_script(OBSERVE_FROM_LOAD)
         page.goto(BASE + "/generate?" + urllib.parse.urlencode({**RUN, "seed": 100 + i,
                                                                  "steps": n}))  # fmt: skip
         # performance.now() counts from the navigation's start
@@ -381,8 +381,7 @@ def compare_sides(browser, n: int, reps: int) -> dict:
     sides = [cmp.parse_side(s) for s in specs]
     browser_ms, model_ms = [], []
     for i in range(reps):
-        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-        page = ctx.new_page()
+        ctx, page = new_page(browser)
         try:
             page.goto(BASE + "/compare?" + urllib.parse.urlencode({**RUN, "seed": 300 + i}))
             page.wait_for_selector('[data-testid="stApp"]')
@@ -419,8 +418,7 @@ def long_prompt(n_tokens: int) -> str:
 def page_renders(browser, prompt: str, steps: int) -> dict[str, float]:
     """Each page's render time (ms) on a run of ``steps`` tokens after ``prompt``; the prompt
     is typed into Generate's box (a 2,000-token prompt is too long for a request line)."""
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    page = ctx.new_page()
+    ctx, page = new_page(browser)
     page.goto(BASE + f"/generate?chat=0&seed=0&run_n={steps}")
     page.wait_for_selector('[data-testid="stApp"]')
     page.evaluate(OBSERVE)

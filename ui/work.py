@@ -327,7 +327,7 @@ def finish_soon(sess, names: Sequence[str], within: float) -> None:
             continue
         eta = s.task.progress().eta()
         if eta is not None and eta < within:
-            s.thread.join(min(within, 1.5 * eta + 0.05))
+            wait(sess, n, min(within, 1.5 * eta + 0.05))
 
 
 def _in_fragment_run() -> bool:
