@@ -353,8 +353,18 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
 
     Modes: ``target`` ``T = clip(T0 + sign·gain·(H - H*), t_min, t_max)`` (``sign=-1``
     cools uncertain steps, ``+1`` heats them), ``edt`` ``T = T0·N^(θ/H)``, ``dynatemp``
-    ``T = T_lo + (T_hi - T_lo)·(H / ln n)^exponent``. ``last_temperatures`` holds the
+    ``T = T_lo + (T_hi - T_lo)·(H / ln n)^exponent``, and ``entropix``
+    ``T = clip(T0·(1 + a·(H + V) + b·(H_attn + V_attn) − c·agreement), t_min, t_max)``
+    (:func:`semviz.sampling.adaptive_temperature`). ``last_temperatures`` holds the
     temperatures of the last call (B,).
+
+    ``entropix`` reads the step's attention too: pass ``attention_sink`` from
+    ``capture_attention(model, lens=True)`` opened around the ``generate`` call, and put this
+    warper first, since it reads the scores it gets as the model's raw logits::
+
+        with capture_attention(model, lens=True) as sink:
+            w = EntropyAdaptiveTemperatureLogitsWarper("entropix", 0.7, attention_sink=sink)
+            model.generate(ids, do_sample=True, logits_processor=[w])
 
     Examples
     --------
@@ -379,9 +389,20 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
         edt_n: float = 0.8,
         dynatemp_range: float = 0.5,
         dynatemp_exponent: float = 1.0,
+        logits_gain: float = 0.3,
+        attention_gain: float = 0.2,
+        agreement_gain: float = 0.2,
+        attention_sink=None,
     ) -> None:
-        if mode not in ("target", "edt", "dynatemp"):
-            raise ValueError(f"`mode` must be 'target', 'edt' or 'dynatemp', got {mode!r}")
+        if mode not in ("target", "edt", "dynatemp", "entropix"):
+            raise ValueError(
+                f"`mode` must be 'target', 'edt', 'dynatemp' or 'entropix', got {mode!r}"
+            )
+        if mode == "entropix" and not getattr(attention_sink, "lens", False):
+            raise ValueError(
+                "`attention_sink` is required for mode 'entropix', which reads the attention: "
+                "open capture_attention(model, lens=True) around generate and pass its sink"
+            )
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
             raise ValueError(f"`temperature` has to be a float > 0, got {temperature!r}")
         if not temperature > 0:
@@ -399,12 +420,40 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
             edt_n=float(edt_n),
             dynatemp_range=float(dynatemp_range),
             dynatemp_exponent=float(dynatemp_exponent),
+            entropix_logits_gain=float(logits_gain),
+            entropix_attention_gain=float(attention_gain),
+            entropix_agreement_gain=float(agreement_gain),
         )
+        self.attention_sink = attention_sink
         self.last_temperatures: Tensor | None = None
+
+    def _readings(self, b: int) -> list:
+        """Each row's :class:`~semviz.sampling.AttentionReading` of the last layer, from the
+        sink's latest forward, as the decoder reads its own (entropix reads the last layer)."""
+        from semviz.model.capture import attention_metrics
+
+        sink = self.attention_sink
+        sink.finish()
+        last = max(sink.rows)
+        att = sink.rows[last][None].float().cpu()  # (1, B, H, S)
+        if att.shape[1] != b:
+            raise ValueError(
+                f"attention_sink holds {att.shape[1]} rows but scores have {b}: "
+                "open capture_attention around this generate call only"
+            )
+        m = attention_metrics(att, torch.zeros(att.shape[:3]), sink.n_keys[last][None])
+        return [core.attention_reading(m[0, 0, r], m[2, 0, r]) for r in range(b)]
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         x = scores.float()
-        ts = [adaptive_temperature(self.params, row) for row in x]
+        if self.params.adaptive == "entropix":
+            reads = self._readings(x.shape[0])
+            ts = [
+                adaptive_temperature(self.params, r, attention=a)
+                for r, a in zip(x, reads, strict=True)
+            ]
+        else:
+            ts = [adaptive_temperature(self.params, row) for row in x]
         t = torch.tensor([max(v, 1e-6) for v in ts], dtype=torch.float32)  # (B,)
         self.last_temperatures = t
         return (x / t.to(x.device)[:, None]).to(scores.dtype)
@@ -516,11 +565,13 @@ def capture_hidden(model: torch.nn.Module) -> Iterator[HiddenSink]:
 
 
 @contextlib.contextmanager
-def capture_attention(model: torch.nn.Module) -> Iterator:
+def capture_attention(model: torch.nn.Module, *, lens: bool = False) -> Iterator:
     """Collect each forward's last-query attention while the block runs, for ``generate``.
 
     Yields a :class:`semviz.model.capture.AttentionSink` whose ``stacked()`` is ``(L, B, H, S)``
-    for the latest forward. The model is switched to semviz's capturing sdpa (plain sdpa
+    for the latest forward. ``lens=True`` also records the keys each row read and what the
+    attention metrics read (entropix's temperature in
+    :class:`EntropyAdaptiveTemperatureLogitsWarper` needs it). The model is switched to semviz's capturing sdpa (plain sdpa
     for every call without a sink), and a forward pre-hook that hands the sink to each call
     is added on entry and removed in ``finally``.
 
@@ -534,7 +585,7 @@ def capture_attention(model: torch.nn.Module) -> Iterator:
     from semviz.model.capture import AttentionSink, enable_capture
 
     enable_capture(model)
-    sink = AttentionSink()
+    sink = AttentionSink(lens=lens)
 
     def pre_hook(module, args, kwargs):
         kwargs["semviz_sink"] = sink

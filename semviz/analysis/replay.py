@@ -267,6 +267,7 @@ def replay_steps(
             tail_logsumexp=rec.tail_lse,
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
             tail_count=_tail_count(rec, vocab) if params.adaptive == "dynatemp" else 0,
+            attention=_reading(rec),
         )
         token = None
         if recorded:  # the recorded settings: the recorded pick is the live one
@@ -372,9 +373,20 @@ def _full_pick(rec, params: PruneParams, g, state: sampling.SamplerState) -> int
             gravity = torch.zeros_like(full).index_copy_(0, rec.cand_ids.long(), g)
     # the recorded raw entropy and varentropy are the live run's, from these same logits
     res = sampling.prune(
-        full, params, gravity=gravity, state=state, raw_moments=(rec.entropy, rec.varentropy)
+        full,
+        params,
+        gravity=gravity,
+        state=state,
+        raw_moments=(rec.entropy, rec.varentropy),
+        attention=_reading(rec),
     )
     return int(sampling.choose(res, rec.u, state=sampling.SamplerState()))
+
+
+def _reading(rec) -> sampling.AttentionReading | None:
+    """The recorded attention metrics' last layer, which entropix's temperature reads."""
+    m = rec.attn_metrics
+    return None if m is None else sampling.attention_reading(m["entropy"][-1], m["agreement"][-1])
 
 
 def _pick(rec, res: PruneResult, share: float | None = None) -> int:

@@ -491,7 +491,9 @@ class Decoder:
         t0 = time.perf_counter()
         logits = fw.logits  # (V,) float32
         gravity = fw.gravity
-        result = sampling.prune(logits, self.params, gravity=gravity, state=self.sampler)
+        result = sampling.prune(
+            logits, self.params, gravity=gravity, state=self.sampler, attention=_reading(fw.lens)
+        )
         u = float(torch.rand((), generator=self.generator))
         if force_token is None:
             token = sampling.choose(result, u, state=self.sampler)
@@ -701,6 +703,15 @@ def _lens_fields(lens: LensCapture | None) -> dict:
         "head_out": _half(heads),
         "attn_metrics": {n: lens.metrics[i, :, 0].clone() for i, n in enumerate(ATTENTION_METRICS)},
     }
+
+
+def _reading(lens: LensCapture | None) -> sampling.AttentionReading | None:
+    """What entropix's temperature reads: the last layer's attention, as entropix reads it."""
+    if lens is None:
+        return None
+    m = lens.metrics[:, -1, 0]  # (4, H)
+    names = ATTENTION_METRICS
+    return sampling.attention_reading(m[names.index("entropy")], m[names.index("agreement")])
 
 
 def _half(t: torch.Tensor) -> torch.Tensor:

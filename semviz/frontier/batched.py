@@ -114,6 +114,12 @@ class SeededSampler(LogitsProcessor):
                 "`params` has gravity on: add gravity with NarrativeGravityLogitsProcessor "
                 "before the sampler (processor_chain does) and pass the rest of the chain here"
             )
+        if params.adaptive == "entropix":
+            raise ValueError(
+                "Adaptive temperature 'entropix' reads each step's attention, which a batched "
+                "sweep does not capture: sweep another adaptive temperature, or decode with "
+                "semviz.Decoder"
+            )
         if rows not in ("auto", "loop", "tensor"):
             raise ValueError(f"`rows` must be auto, loop or tensor, got {rows!r}")
         if rows == "tensor" and not rows_supported(params):

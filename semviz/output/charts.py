@@ -1350,6 +1350,10 @@ def chain_stages(params: PruneParams) -> list[tuple[str, str]]:
         "edt": "T = T0·N^(θ/H)",
         "dynatemp": f"T in [{max(0, p.temperature - p.dynatemp_range):g}, {p.temperature + p.dynatemp_range:g}] by H",
         "mirostat": f"T = {p.temperature:g}",
+        "entropix": (
+            f"T = T0·(1 + {p.entropix_logits_gain:g}·(H+V) + {p.entropix_attention_gain:g}"
+            f"·(H_attn+V_attn) − {p.entropix_agreement_gain:g}·agreement)"
+        ),
     }[p.adaptive]
     if p.temperature == 0.0:
         temp = "greedy (argmax)"

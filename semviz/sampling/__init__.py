@@ -72,7 +72,14 @@ from semviz.sampling.params import (
     setting,
 )
 from semviz.sampling.state import PruneResult, SamplerState, Stage
-from semviz.sampling.thermo import LN2, adaptive_temperature, entropy_stats, free_energy
+from semviz.sampling.thermo import (
+    LN2,
+    AttentionReading,
+    adaptive_temperature,
+    attention_reading,
+    entropy_stats,
+    free_energy,
+)
 
 __all__ = [
     "FILTERS",
@@ -89,7 +96,9 @@ __all__ = [
     "SamplerState",
     "Stage",
     "active_filters",
+    "AttentionReading",
     "adaptive_temperature",
+    "attention_reading",
     "check_model_shape",
     "choose",
     "default_params",

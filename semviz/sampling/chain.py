@@ -38,7 +38,12 @@ from semviz.sampling.filters import (
 )
 from semviz.sampling.params import PruneParams
 from semviz.sampling.state import PruneResult, SamplerState, Stage
-from semviz.sampling.thermo import adaptive_temperature, entropy_parts, entropy_stats
+from semviz.sampling.thermo import (
+    AttentionReading,
+    adaptive_temperature,
+    entropy_parts,
+    entropy_stats,
+)
 
 __all__ = ["choose", "default_params", "gravity_dominance", "prune"]
 
@@ -97,6 +102,7 @@ def prune(
     tail_logsumexp: float | Tensor | None = None,
     raw_moments: tuple[float, float] | None = None,
     tail_count: int = 0,
+    attention: AttentionReading | None = None,
 ) -> PruneResult:
     """Run one step of the chain over an index set and record every stage.
 
@@ -115,6 +121,9 @@ def prune(
         filter read.
     tail_count : finite tokens outside the set, which dynatemp counts as the whole
         vocabulary's run does.
+    attention : what entropix's temperature reads of the step's attention
+        (:func:`~semviz.sampling.thermo.attention_reading`); required by ``adaptive="entropix"``,
+        which reads it with the raw entropy and varentropy.
 
     With a subset, raw probabilities are exact (the tail's mass is known) and the raw
     entropy/varentropy treat the tail as one lumped outcome, a lower bound. The tail is then
@@ -150,6 +159,10 @@ def prune(
 
     if eff.temperature == 0.0:
         t = 0.0
+    elif eff.adaptive == "entropix":
+        t = adaptive_temperature(
+            eff, x, float(w.h_raw), varentropy=float(w.v_raw), attention=attention
+        )
     elif eff.order == "hf" or eff.adaptive != "dynatemp":
         t = adaptive_temperature(eff, w.s, w.h_s, n_extra=0 if w.s is not x else tail_count)
     else:

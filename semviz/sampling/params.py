@@ -658,8 +658,8 @@ class PruneParams:
     adaptive: str = setting(
         "none",
         "Adaptive temperature: a target-entropy controller, EDT, llama.cpp's "
-        "dynatemp, or mirostat v2.",
-        choices=("none", "target", "edt", "dynatemp", "mirostat"),
+        "dynatemp, mirostat v2, or entropix's rule, which also reads the attention.",
+        choices=("none", "target", "edt", "dynatemp", "mirostat", "entropix"),
         app=True,
         label="Adaptive temperature",
         group=SAMPLING,
@@ -692,6 +692,34 @@ class PruneParams:
         5.0, "Mirostat's target surprise (bits).", lo=0.0, lo_open=True, note="bits"
     )
     mirostat_eta: float = setting(0.1, "Mirostat's learning rate.", lo=0.0, lo_open=True)
+    # entropix: T = T0·(1 + a·(H + V) + b·(H_attn + V_attn) − c·agreement), in bits
+    entropix_logits_gain: float = setting(
+        0.3,
+        "entropix: weight a of the logits' entropy + varentropy (bits, bits²).",
+        lo=0.0,
+        app=(0.0, 1.0, 0.01),
+        label="a: logits' H + V",
+        group=SAMPLING,
+        shown_if=("adaptive", "entropix"),
+    )
+    entropix_attention_gain: float = setting(
+        0.2,
+        "entropix: weight b of the last layer's attention entropy + its variance over heads.",
+        lo=0.0,
+        app=(0.0, 1.0, 0.01),
+        label="b: attention H + V",
+        group=SAMPLING,
+        shown_if=("adaptive", "entropix"),
+    )
+    entropix_agreement_gain: float = setting(
+        0.2,
+        "entropix: weight c of the heads' agreement, which cools.",
+        lo=0.0,
+        app=(0.0, 1.0, 0.01),
+        label="c: head agreement",
+        group=SAMPLING,
+        shown_if=("adaptive", "entropix"),
+    )
     # safety fallback
     fallback: bool = setting(
         False,

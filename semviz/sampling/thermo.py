@@ -18,13 +18,22 @@ Examples
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from semviz.sampling.params import PruneParams
 
-__all__ = ["LN2", "adaptive_temperature", "entropy_parts", "entropy_stats", "free_energy"]
+__all__ = [
+    "LN2",
+    "AttentionReading",
+    "adaptive_temperature",
+    "attention_reading",
+    "entropy_parts",
+    "entropy_stats",
+    "free_energy",
+]
 
 LN2 = math.log(2.0)
 NEG_INF = float("-inf")
@@ -71,8 +80,46 @@ def free_energy(scores: Tensor, temperature: float, kept: Tensor | None = None) 
     return float(-temperature * torch.logsumexp(s / temperature, -1))
 
 
+@dataclass(frozen=True)
+class AttentionReading:
+    """What entropix's temperature rule reads of one step's attention: the last query's
+    attention in one layer (entropix reads the last), summarised over its heads, in bits.
+
+    ``entropy``: the heads' mean attention entropy; ``spread``: the variance over heads of
+    that entropy (bits², what entropix calls the attention varentropy); ``agreement``: the
+    heads' mean ``Σ|p − p̄| / n`` (``p̄`` the mean row of the layer's heads, ``n`` the keys
+    read), 0 when every head reads alike.
+    """
+
+    entropy: float
+    spread: float
+    agreement: float
+
+
+def attention_reading(entropy: Tensor, agreement: Tensor) -> AttentionReading:
+    """The :class:`AttentionReading` of one layer from its heads' attention entropy (nats)
+    and agreement, each ``(H,)``, as :func:`semviz.model.capture.attention_metrics` gives them.
+
+    >>> r = attention_reading(torch.tensor([LN2, 3 * LN2]), torch.tensor([0.1, 0.3]))
+    >>> round(r.entropy, 6), round(r.spread, 6), round(r.agreement, 6)  # bits: 1 and 3
+    (2.0, 1.0, 0.2)
+    """
+    bits = entropy.double() / LN2  # (H,)
+    return AttentionReading(
+        entropy=float(bits.mean()),
+        spread=float(bits.var(unbiased=False)),
+        agreement=float(agreement.double().mean()),
+    )
+
+
 def adaptive_temperature(
-    params: PruneParams, scores: Tensor, entropy: float | None = None, n_extra: int = 0
+    params: PruneParams,
+    scores: Tensor,
+    entropy: float | None = None,
+    n_extra: int = 0,
+    *,
+    varentropy: float | None = None,
+    attention: AttentionReading | None = None,
 ) -> float:
     """Effective temperature for this step from the entropy of ``softmax(scores)`` (nats).
 
@@ -82,6 +129,12 @@ def adaptive_temperature(
     - ``edt``: ``T = T0 · N^(θ/H)`` (Zhang et al. 2024), ``0 < N < 1``.
     - ``dynatemp`` (llama.cpp): ``T = T_lo + (T_hi - T_lo)·(H/ln n)^exponent`` with
       ``T_lo = max(0, T0 - range)``, ``T_hi = T0 + range``, ``n`` finite candidates.
+    - ``entropix`` (its adaptive sampler's temperature):
+      ``T = clip(T0·(1 + a·(H + V) + b·(H_attn + V_attn) − c·agreement), t_min, t_max)``,
+      every term in bits as entropix computes it: ``H`` and ``V`` the logits' entropy and
+      varentropy (``entropy`` and ``varentropy`` in nats, converted here), the attention
+      terms from ``attention`` (:class:`AttentionReading`). The caller passes the model's
+      raw logits' moments, as entropix reads them.
     - ``none``/``mirostat``: ``T0``.
 
     ``n_extra`` counts finite tokens not in ``scores`` (a recorded subset's tail).
@@ -89,11 +142,18 @@ def adaptive_temperature(
     >>> p = PruneParams(adaptive="target", target_entropy=0.0, controller_gain=0.1)
     >>> round(adaptive_temperature(p, torch.zeros(4)), 4)  # H = ln 4: cooled by 0.1·ln 4
     0.8614
+    >>> p = PruneParams(adaptive="entropix", temperature=0.5)
+    >>> a = AttentionReading(entropy=2.0, spread=0.5, agreement=0.5)
+    >>> t = adaptive_temperature(p, torch.zeros(2), varentropy=0.0, attention=a)
+    >>> round(t, 6)  # H = 1 bit, V = 0: 0.5·(1 + 0.3·1 + 0.2·2.5 − 0.2·0.5)
+    0.85
     """
     t0 = params.temperature
     mode = params.adaptive
     if mode in ("none", "mirostat") or t0 == 0.0:
         return t0
+    if mode == "entropix":
+        return _entropix(params, scores, entropy, varentropy, attention)
     h = float(entropy_stats(scores)[0]) if entropy is None else entropy
     if mode == "target":
         t = t0 + params.controller_sign * params.controller_gain * (h - params.target_entropy)
@@ -109,3 +169,31 @@ def adaptive_temperature(
     lo, hi = max(0.0, t0 - params.dynatemp_range), t0 + params.dynatemp_range
     norm_h = min(h / math.log(n), 1.0)
     return lo + (hi - lo) * norm_h**params.dynatemp_exponent
+
+
+def _entropix(
+    params: PruneParams,
+    scores: Tensor,
+    entropy: float | None,
+    varentropy: float | None,
+    attention: AttentionReading | None,
+) -> float:
+    if attention is None:
+        raise ValueError(
+            "Adaptive temperature 'entropix' reads the attention of the step's own query, and "
+            "this step has none: decode with the lens recording on (it records the attention "
+            "metrics), or choose another adaptive temperature."
+        )
+    if entropy is None or varentropy is None:
+        h_t, v_t = entropy_stats(scores)
+        entropy = float(h_t) if entropy is None else entropy
+        varentropy = float(v_t) if varentropy is None else varentropy
+    logits_bits = entropy / LN2 + varentropy / LN2**2
+    attn_bits = attention.entropy + attention.spread
+    scale = (
+        1.0
+        + params.entropix_logits_gain * logits_bits
+        + params.entropix_attention_gain * attn_bits
+        - params.entropix_agreement_gain * attention.agreement
+    )
+    return min(max(params.temperature * scale, params.adaptive_t_min), params.adaptive_t_max)

@@ -132,7 +132,7 @@ def test_query_params_round_trip_and_bad_values_are_noted():
         "top_k=-2 is outside the app's range [0, 200]; using 0.",
         "Ignored top_p='x': expected a number.",
         "Ignored adaptive='bogus': expected one of ('none', 'target', 'edt', 'dynatemp', "
-        "'mirostat').",
+        "'mirostat', 'entropix').",
     ]
 
 

@@ -71,6 +71,9 @@ OUT_OF_RANGE = {
     "controller_gain": ["-1"],
     "edt_theta": ["-1"],
     "dynatemp_range": ["-1"],
+    "entropix_logits_gain": ["-1"],
+    "entropix_attention_gain": ["-1"],
+    "entropix_agreement_gain": ["-1"],
     "fallback_collapse_threshold": ["-1"],
     "fallback_gravity_ratio": ["0"],
 }
