@@ -34,6 +34,9 @@ class PageContext:
     params: PruneParams | None  # None when the sliders are out of range
     wi: whatif.WhatIf | None
     gravity_pending: bool = False  # the what-if waits for gravity a task recomputes
+    # the trace and settings whose replay failed in this script run: its sentence is shown
+    # once, where the first call drew it, not again by each later call on the page
+    whatif_failed: tuple | None = None
 
     @property
     def decoder(self):
@@ -59,16 +62,21 @@ class PageContext:
         if tr is None or not tr.steps or self.params is None:
             return
         dec = self.sess.decoder
+        key = (id(tr), len(tr.steps), self.params)
+        if key == self.whatif_failed:
+            return
         # a recorded run (an example) uses the page's model, and none when it did not load:
         # the replay needs one only to recompute gravity for settings the run did not use
         lm = self.lm if isinstance(dec, runner.TraceRun) else dec.lm
         model = None if lm is None else lm.model
-        with guard("the what-if replay"):
+        with guard("the what-if replay") as err:
             if model is not None and not self._gravity_first(tr, model, dec.hidden):
                 return  # gravity is being recomputed: the page draws the recorded views
             self.wi = whatif.cached(
                 self.sess.replay_memo, tr, self.params, model=model, hidden=dec.hidden
             )
+        if err:
+            self.whatif_failed = key
 
     def _gravity_first(self, tr, model, hidden) -> bool:
         """True when the gravity these sliders use is at hand: the record holds it, or a

@@ -132,6 +132,24 @@ def test_example_opens_with_no_model_run(home, monkeypatch):
     assert sess(home).replay_memo["whatif"].n == len(recorded.steps)
 
 
+def test_settings_an_example_cannot_replay_say_so_once_and_keep_the_run(home):
+    """The examples hold no attention metrics, which entropix's temperature reads: the page
+    says so in one sentence, once (the what-if is asked for in several places), and goes on
+    drawing the recorded run."""
+    home.button(key="home_ex_sea.json").click().run()
+    home.switch_page(GENERATE).run()
+    recorded = list(sess(home).decoder.trace.token_ids)
+    home.selectbox(key="s_adaptive").set_value("entropix").run()
+    assert not home.exception
+    (said,) = errors(home)
+    assert said.startswith("Settings not accepted: Adaptive temperature 'entropix' reads")
+    assert "a run recorded with the lens off, or an older trace" in said
+    assert sess(home).decoder.trace.token_ids == recorded
+    assert home.get("plotly_chart")  # the selected step's charts, from the recording
+    home.selectbox(key="s_adaptive").set_value("none").run()
+    assert not errors(home)
+
+
 def test_stepping_on_from_an_example_refeeds_it_first(home):
     home.button(key="home_ex_capital_attention.json").click().run()
     home.switch_page(GENERATE).run()  # where the browser is now (AppTest reruns Home)
