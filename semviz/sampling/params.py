@@ -707,7 +707,7 @@ class PruneParams:
         "entropix: weight b of the last layer's attention entropy + its variance over heads.",
         lo=0.0,
         app=(0.0, 1.0, 0.01),
-        label="b: attention H + V",
+        label="b: attention H + head spread",
         group=SAMPLING,
         shown_if=("adaptive", "entropix"),
     )

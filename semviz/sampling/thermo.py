@@ -180,9 +180,9 @@ def _entropix(
 ) -> float:
     if attention is None:
         raise ValueError(
-            "Adaptive temperature 'entropix' reads the attention of the step's own query, and "
-            "this step has none: decode with the lens recording on (it records the attention "
-            "metrics), or choose another adaptive temperature."
+            "Adaptive temperature 'entropix' reads the attention metrics of the step's own "
+            "query, and this step has none (a run recorded with the lens off, or an older "
+            "trace): choose another adaptive temperature, or decode again with the lens on."
         )
     if entropy is None or varentropy is None:
         h_t, v_t = entropy_stats(scores)

@@ -61,7 +61,7 @@ def test_the_temperature_is_entropixs_formula_on_a_hand_made_step():
 
 
 def test_without_the_attention_it_refuses_in_one_sentence():
-    with pytest.raises(ValueError, match="reads the attention of the step's own query"):
+    with pytest.raises(ValueError, match="reads the attention metrics of the step's own query"):
         prune(torch.tensor([1.0, 0.0]), P)
     with pytest.raises(ValueError, match=r"capture_attention\(model, lens=True\)"):
         sp.EntropyAdaptiveTemperatureLogitsWarper("entropix", 0.7)
@@ -73,11 +73,15 @@ def test_without_the_attention_it_refuses_in_one_sentence():
 
 def test_a_decoder_that_does_not_record_the_attention_refuses_and_keeps_its_state(tiny_lm):
     d = Decoder(tiny_lm, PROMPT, P, DecodeSettings(chat=False, max_new_tokens=2, lens=False))
-    with pytest.raises(ValueError, match="decode with the lens recording on"):
+    with pytest.raises(ValueError, match="a run recorded with the lens off"):
         d.step()
     assert d.n_steps == 0
     d.rewind(0, PruneParams(temperature=0.7))  # another rule: the same decoder goes on
     assert d.step() is not None and d.n_steps == 1
+    # its trace holds no metrics, so a what-if with the rule cannot be replayed either
+    assert d.trace.steps[0].attn_metrics is None
+    with pytest.raises(ValueError, match="or an older trace"):
+        replay(d.trace, P)
 
 
 def _decoder(lm, params: PruneParams, tokens: list[int] | None = None, n: int = 6) -> Decoder:
