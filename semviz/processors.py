@@ -360,7 +360,10 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
 
     ``entropix`` reads the step's attention too: pass ``attention_sink`` from
     ``capture_attention(model, lens=True)`` opened around the ``generate`` call, and put this
-    warper first, since it reads the scores it gets as the model's raw logits::
+    warper first, since it reads the scores it gets as the model's raw logits. transformers
+    runs its own processors before any passed in ``logits_processor`` (``min_new_tokens``'
+    end-of-text mask, ``repetition_penalty``, ``suppress_tokens``): with those on, the warper
+    reads their output, and its temperature is no longer the decoder's::
 
         with capture_attention(model, lens=True) as sink:
             w = EntropyAdaptiveTemperatureLogitsWarper("entropix", 0.7, attention_sink=sink)
@@ -408,7 +411,13 @@ class EntropyAdaptiveTemperatureLogitsWarper(LogitsProcessor):
         if not temperature > 0:
             raise ValueError(f"`temperature` has to be a float > 0, got {temperature}")
         self.params = _params(
-            {"adaptive_t_min": "t_min", "adaptive_t_max": "t_max"},
+            {
+                "adaptive_t_min": "t_min",
+                "adaptive_t_max": "t_max",
+                "entropix_logits_gain": "logits_gain",
+                "entropix_attention_gain": "attention_gain",
+                "entropix_agreement_gain": "agreement_gain",
+            },
             temperature=float(temperature),
             adaptive=mode,
             target_entropy=float(target_entropy),

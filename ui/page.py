@@ -62,7 +62,7 @@ class PageContext:
         if tr is None or not tr.steps or self.params is None:
             return
         dec = self.sess.decoder
-        key = (id(tr), len(tr.steps), self.params)
+        key = (id(tr), len(tr.steps), id(tr.steps[-1]), self.params)  # a regrown run: new records
         if key == self.whatif_failed:
             return
         # a recorded run (an example) uses the page's model, and none when it did not load:

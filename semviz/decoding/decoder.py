@@ -179,7 +179,7 @@ class Decoder:
         self.settings = settings or DecodeSettings()
         if self.settings.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        lm.check_params(self.params)
+        self._check_params(self.params)
         self.eviction = eviction
         self.prompt = prompt
         if prompt_ids is not None:
@@ -644,6 +644,16 @@ class Decoder:
             out[layer, :, idx] = attention[layer, :, : pos.numel()].cpu()
         return out
 
+    def _check_params(self, params: sampling.PruneParams) -> None:
+        """Refuse, before any step, settings this model or this recording cannot serve."""
+        self.lm.check_params(params)
+        if params.adaptive == "entropix" and not self.settings.lens:
+            raise ValueError(
+                "Adaptive temperature 'entropix' reads the attention metrics that the lens "
+                "records, and this decoder does not record them (lens off): turn the lens on, "
+                "or choose another adaptive temperature."
+            )
+
     # -- rewind ----------------------------------------------------------------------------
     def rewind(self, k: int, params: sampling.PruneParams | None = None) -> None:
         """Keep the first ``k`` steps and continue from there, optionally with new params.
@@ -658,7 +668,7 @@ class Decoder:
     def _rewind(self, k: int, params: sampling.PruneParams | None) -> None:
         k = max(0, min(int(k), self.n_steps))
         if params is not None:
-            self.lm.check_params(params)
+            self._check_params(params)
             self.params = params
         kept = self.trace.steps[:k]
         if self.eviction is None and k > 0:

@@ -236,7 +236,12 @@ class SweepConfig:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         for side in self.settings:
             for v in self.values:
-                self.params(side, v)  # every point's PruneParams is valid before any work
+                p = self.params(side, v)  # every point's PruneParams is valid before any work
+                if p.adaptive == "entropix":  # the batched sampler would refuse mid-sweep
+                    raise ValueError(
+                        f"{side.label}: adaptive temperature 'entropix' reads each step's "
+                        "attention, which a batched sweep does not capture"
+                    )
 
     def params(self, side: Side, value: float):
         """The point's ``PruneParams``: the setting with the knob set to ``value``."""

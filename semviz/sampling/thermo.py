@@ -86,7 +86,9 @@ class AttentionReading:
     attention in one layer (entropix reads the last), summarised over its heads, in bits.
 
     ``entropy``: the heads' mean attention entropy; ``spread``: the variance over heads of
-    that entropy (bits², what entropix calls the attention varentropy); ``agreement``: the
+    that entropy (bits², what entropix calls the attention varentropy; the population
+    variance, as its JAX sampler's ``jnp.var`` takes it, where its torch port's ``torch.var``
+    divides by H − 1); ``agreement``: the
     heads' mean ``Σ|p − p̄| / n`` (``p̄`` the mean row of the layer's heads, ``n`` the keys
     read), 0 when every head reads alike.
     """

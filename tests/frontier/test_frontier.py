@@ -170,6 +170,8 @@ def test_config_validates_every_point_before_any_work():
     with pytest.raises(ValueError, match="seeds must be at least 1"):
         _cfg(seeds=0)
     assert _cfg(knob="lambda").knob == "gravity_lambda"
+    with pytest.raises(ValueError, match="'entropix' reads each step's attention"):
+        _cfg(settings=(parse_side("plain"), parse_side("adaptive=entropix")))
 
 
 def test_a_stopped_sweep_resumes_and_ends_like_an_uninterrupted_one(peaked_lm, judge, tmp_path):
