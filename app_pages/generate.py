@@ -4,6 +4,8 @@ alternatives, click one to branch), the what-if ghost text, branches, each step'
 import numpy as np
 import streamlit as st
 
+from semviz import sampling
+from semviz.analysis import replay
 from semviz.output import charts, escape, style
 from semviz.output.style import display_token
 from ui import clicks, page, runner, server, views
@@ -233,6 +235,18 @@ if len(bs) > 1:
     )
 
 
+def _entropix_caption(rec, p) -> None:
+    """The step's entropix temperature written out with its numbers, when that rule set it."""
+    reading = replay.record_reading(rec)
+    if p is None or p.adaptive != "entropix" or p.temperature == 0 or reading is None:
+        return
+    text, _ = sampling.entropix_formula(p, rec.entropy, rec.varentropy, reading)
+    st.caption(
+        f"entropix: {text} (logits' H + V and the last layer's attention H + head spread, "
+        "in bits; head agreement)"
+    )
+
+
 def _rewind(k: int) -> None:
     sess.error = None
     try:
@@ -290,6 +304,7 @@ if ctx.steps and runner.job(sess) is None:
         m1.metric("entropy, nats", f"{(res.entropy_raw if res else rec.entropy):.2f}")
         m2.metric("kept, tokens", f"{res.n_kept if res else rec.n_kept}")
         m3.metric("temperature", f"{(res.temperature if res else rec.temperature):.2f}")
+        _entropix_caption(rec, res.params if res else ctx.params)
         alt_ids = [int(t) for t in rec.cand_ids[:10].tolist() if int(t) != rec.token_id]
         b1, b2 = st.columns([3, 2], vertical_alignment="bottom")
         b1.selectbox(

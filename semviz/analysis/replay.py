@@ -267,7 +267,7 @@ def replay_steps(
             tail_logsumexp=rec.tail_lse,
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
             tail_count=_tail_count(rec, vocab) if params.adaptive == "dynatemp" else 0,
-            attention=_reading(rec),
+            attention=record_reading(rec),
         )
         token = None
         if recorded:  # the recorded settings: the recorded pick is the live one
@@ -378,13 +378,14 @@ def _full_pick(rec, params: PruneParams, g, state: sampling.SamplerState) -> int
         gravity=gravity,
         state=state,
         raw_moments=(rec.entropy, rec.varentropy),
-        attention=_reading(rec),
+        attention=record_reading(rec),
     )
     return int(sampling.choose(res, rec.u, state=sampling.SamplerState()))
 
 
-def _reading(rec) -> sampling.AttentionReading | None:
-    """The recorded attention metrics' last layer, which entropix's temperature reads."""
+def record_reading(rec) -> sampling.AttentionReading | None:
+    """What entropix's temperature reads of a recorded step: its attention metrics' last
+    layer (None when the step recorded none)."""
     m = rec.attn_metrics
     return None if m is None else sampling.attention_reading(m["entropy"][-1], m["agreement"][-1])
 

@@ -77,6 +77,7 @@ from semviz.sampling.thermo import (
     AttentionReading,
     adaptive_temperature,
     attention_reading,
+    entropix_formula,
     entropy_stats,
     free_energy,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "AttentionReading",
     "adaptive_temperature",
     "attention_reading",
+    "entropix_formula",
     "check_model_shape",
     "choose",
     "default_params",

@@ -30,6 +30,7 @@ __all__ = [
     "AttentionReading",
     "adaptive_temperature",
     "attention_reading",
+    "entropix_formula",
     "entropy_parts",
     "entropy_stats",
     "free_energy",
@@ -190,12 +191,34 @@ def _entropix(
         h_t, v_t = entropy_stats(scores)
         entropy = float(h_t) if entropy is None else entropy
         varentropy = float(v_t) if varentropy is None else varentropy
+    return entropix_formula(params, entropy, varentropy, attention)[1]
+
+
+def entropix_formula(
+    params: PruneParams, entropy: float, varentropy: float, attention: AttentionReading
+) -> tuple[str, float]:
+    """entropix's temperature for one step, written out with its numbers, and its value.
+
+    ``entropy`` and ``varentropy``: the raw logits', in nats.
+
+    >>> p = PruneParams(adaptive="entropix", temperature=0.5)
+    >>> text, t = entropix_formula(p, LN2, 0.0, AttentionReading(2.0, 0.5, 0.5))
+    >>> text, round(t, 6)
+    ('T = 0.5·(1 + 0.3·1.00 + 0.2·2.50 − 0.2·0.500) = 0.85', 0.85)
+    """
     logits_bits = entropy / LN2 + varentropy / LN2**2
     attn_bits = attention.entropy + attention.spread
-    scale = (
-        1.0
-        + params.entropix_logits_gain * logits_bits
-        + params.entropix_attention_gain * attn_bits
-        - params.entropix_agreement_gain * attention.agreement
+    a, b, c = (
+        params.entropix_logits_gain,
+        params.entropix_attention_gain,
+        params.entropix_agreement_gain,
     )
-    return min(max(params.temperature * scale, params.adaptive_t_min), params.adaptive_t_max)
+    raw = params.temperature * (1.0 + a * logits_bits + b * attn_bits - c * attention.agreement)
+    t = min(max(raw, params.adaptive_t_min), params.adaptive_t_max)
+    text = (
+        f"T = {params.temperature:g}·(1 + {a:g}·{logits_bits:.2f} + {b:g}·{attn_bits:.2f} "
+        f"− {c:g}·{attention.agreement:.3f}) = {raw:.3g}"
+    )
+    if t != raw:
+        text += f", clipped to {t:g}"
+    return text, t

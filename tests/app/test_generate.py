@@ -150,6 +150,18 @@ def test_settings_an_example_cannot_replay_say_so_once_and_keep_the_run(home):
     assert not errors(home)
 
 
+def test_a_step_decoded_with_entropixs_temperature_writes_out_its_numbers(app):
+    app.selectbox(key="s_adaptive").set_value("entropix").run()
+    app.session_state["s_entropix_logits_gain"] = 0.02  # inside the clip on the tiny model
+    at = run_steps(app, 3)
+    rec = sess(at).decoder.trace.steps[-1]
+    (cap,) = [c.value for c in at.caption if c.value.startswith("entropix: T = 0.8·(1 + 0.02·")]
+    # the formula's value is the step's temperature, as the metric beside it shows it
+    assert cap.split(") = ")[1].split(" ")[0] == f"{rec.temperature:.3g}"
+    shown = [m.value for m in at.metric if m.label == "temperature"]
+    assert shown == [f"{rec.temperature:.2f}"] and rec.temperature != 0.8
+
+
 def test_stepping_on_from_an_example_refeeds_it_first(home):
     home.button(key="home_ex_capital_attention.json").click().run()
     home.switch_page(GENERATE).run()  # where the browser is now (AppTest reruns Home)
