@@ -267,7 +267,7 @@ def replay_steps(
             tail_logsumexp=rec.tail_lse,
             raw_moments=(rec.entropy, rec.varentropy),  # the record's: the full vocabulary's
             tail_count=_tail_count(rec, vocab) if params.adaptive == "dynatemp" else 0,
-            attention=record_reading(rec),
+            attention=record_reading(rec) if params.adaptive == "entropix" else None,
         )
         token = None
         if recorded:  # the recorded settings: the recorded pick is the live one
@@ -378,7 +378,7 @@ def _full_pick(rec, params: PruneParams, g, state: sampling.SamplerState) -> int
         gravity=gravity,
         state=state,
         raw_moments=(rec.entropy, rec.varentropy),
-        attention=record_reading(rec),
+        attention=record_reading(rec) if params.adaptive == "entropix" else None,
     )
     return int(sampling.choose(res, rec.u, state=sampling.SamplerState()))
 

@@ -491,8 +491,13 @@ class Decoder:
         t0 = time.perf_counter()
         logits = fw.logits  # (V,) float32
         gravity = fw.gravity
+        entropix = self.params.adaptive == "entropix"  # the one rule that reads the attention
         result = sampling.prune(
-            logits, self.params, gravity=gravity, state=self.sampler, attention=_reading(fw.lens)
+            logits,
+            self.params,
+            gravity=gravity,
+            state=self.sampler,
+            attention=_reading(fw.lens) if entropix else None,
         )
         u = float(torch.rand((), generator=self.generator))
         if force_token is None:
