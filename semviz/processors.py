@@ -580,9 +580,9 @@ def capture_attention(model: torch.nn.Module, *, lens: bool = False) -> Iterator
     Yields a :class:`semviz.model.capture.AttentionSink` whose ``stacked()`` is ``(L, B, H, S)``
     for the latest forward. ``lens=True`` also records the keys each row read and what the
     attention metrics read (entropix's temperature in
-    :class:`EntropyAdaptiveTemperatureLogitsWarper` needs it). The model is switched to semviz's capturing sdpa (plain sdpa
-    for every call without a sink), and a forward pre-hook that hands the sink to each call
-    is added on entry and removed in ``finally``.
+    :class:`EntropyAdaptiveTemperatureLogitsWarper` needs it). The model is switched to
+    semviz's capturing sdpa (plain sdpa for every call without a sink), and a forward
+    pre-hook that hands the sink to each call is added on entry and removed in ``finally``.
 
     Examples
     --------

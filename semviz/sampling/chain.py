@@ -318,7 +318,7 @@ def _gravity(w: _Work, eff: PruneParams, g: Tensor | None, *, tail: bool) -> Non
     logp_s = None
     if w.s is x:
         w.p_grav, logp_s = (None if tail else w.p_raw), w.logp_raw
-    if eff.free_energy or eff.adaptive != "none":
+    if eff.free_energy or eff.adaptive not in ("none", "entropix"):  # entropix reads the raw H
         h_s_t, _, logp_s, p_s = entropy_parts(w.s)
         # with the raw scores unchanged, softmax(s) is the raw distribution: a subset then
         # reads the whole vocabulary's entropy, as the live run did, not the subset's
