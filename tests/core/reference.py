@@ -33,8 +33,21 @@ def first(idx: list[int], n: int, k: int) -> torch.Tensor:
     return out
 
 
-def temperature(p, s: torch.Tensor) -> float:
+def temperature(p, s: torch.Tensor, x: torch.Tensor | None = None, attention=None) -> float:
     t0, h = p.temperature, float(entropy(s))
+    if p.adaptive == "entropix":  # entropix's sampler: the raw logits x, everything in bits
+        logq = torch.log_softmax(x.float(), -1) / math.log(2)
+        q = torch.softmax(x.float(), -1)
+        hb = -(q * logq).nansum()
+        vb = (q * (logq + hb) ** 2).nansum()
+        a = attention
+        t = t0 * (
+            1
+            + p.entropix_logits_gain * float(hb + vb)
+            + p.entropix_attention_gain * (a.entropy + a.spread)
+            - p.entropix_agreement_gain * a.agreement
+        )
+        return min(max(t, p.adaptive_t_min), p.adaptive_t_max)
     if p.adaptive == "target":
         t = t0 + p.controller_sign * p.controller_gain * (h - p.target_entropy)
         return min(max(t, p.adaptive_t_min), p.adaptive_t_max)
@@ -97,7 +110,7 @@ NEUTRAL = {
 }
 
 
-def chain(x: torch.Tensor, p, gravity=None, mu=None):
+def chain(x: torch.Tensor, p, gravity=None, mu=None, attention=None):
     """``(kept (K,), final (K,), [(stage, n_kept)])`` of one step, tie rule "stable"."""
     x = x.float()
     K, m = x.shape[0], p.min_tokens_to_keep
@@ -113,7 +126,7 @@ def chain(x: torch.Tensor, p, gravity=None, mu=None):
             stages.append(("gravity", int(alive.sum())))
     t = p.temperature
     if t > 0 and (p.order == "hf" or p.adaptive != "dynatemp"):
-        t = temperature(p, s)
+        t = temperature(p, s, x, attention)
     if p.temperature == 0.0 or t < 1e-4:
         kept = first(order(s), K, 1)
         return kept, kept.float(), [*stages, ("greedy", 1)]

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semviz.sampling import PruneParams, SamplerState, choose, prune
+from semviz.sampling import AttentionReading, PruneParams, SamplerState, choose, prune
 from semviz.sampling import chain as chain_module
 from tests.core import reference as ref
 from tests.core.test_properties import logit_rows, params
@@ -32,10 +32,17 @@ def path(kind: str):
         chain_module.HEAD_MIN_K, chain_module._HEAD_START = old
 
 
-def check(x, p, g=None, mu=None, tail=None):
+def check(x, p, g=None, mu=None, tail=None, attention=None):
     """The core's kept set, stages and final distribution equal the reference's."""
-    r = prune(x, p, gravity=g, state=SamplerState(mirostat_mu=mu), tail_logsumexp=tail)
-    kept, final, stages = ref.chain(x, p, g, mu)
+    r = prune(
+        x,
+        p,
+        gravity=g,
+        state=SamplerState(mirostat_mu=mu),
+        tail_logsumexp=tail,
+        attention=attention,
+    )
+    kept, final, stages = ref.chain(x, p, g, mu, attention)
     assert torch.equal(r.kept, kept)
     assert [(s.name, s.n_kept) for s in r.waterfall if s.name != "candidates"] == stages
     torch.testing.assert_close(r.probs, final, atol=1e-6, rtol=1e-5)
@@ -51,6 +58,32 @@ def test_both_paths_equal_reference_on_small_sets(x, p, with_gravity, kind):
     g = torch.randn(x.shape[0]) if with_gravity else None
     with path(kind):
         check(x, p, g, mu=4.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    logit_rows(max_size=60),
+    params(),
+    st.tuples(*[st.sampled_from(v) for v in ((0.0, 0.02, 0.3), (0.0, 0.2), (0.0, 0.2, 1.0))]),
+    st.tuples(st.floats(0, 8), st.floats(0, 4), st.floats(0, 2)),
+    st.sampled_from(["head", "full"]),
+)
+def test_entropixs_temperature_equals_reference(x, p, gains, reading, kind):
+    """entropix's rule, with any filters beside it, on both paths: its temperature reads
+    the raw logits (not the gravity-adjusted scores) and the attention reading."""
+    a, b, c = gains
+    p = p.replace(
+        tie_rule="stable",
+        adaptive="entropix",
+        entropix_logits_gain=a,
+        entropix_attention_gain=b,
+        entropix_agreement_gain=c,
+        temperature=max(p.temperature, 0.3),
+    )
+    g = torch.randn(x.shape[0])  # on when λ ≠ 0: the rule must not read the adjusted scores
+    with path(kind):
+        r = check(x, p, g, attention=AttentionReading(*reading))
+    assert r.temperature == pytest.approx(ref.temperature(p, x, x, AttentionReading(*reading)))
 
 
 def test_a_filter_that_keeps_the_whole_head_is_counted_outside_it():
