@@ -396,6 +396,13 @@ def parse_field(
 
 SAMPLING, GRAVITY = "Sampling", "Gravity & free energy"
 UNIT = {"lo": 0.0, "hi": 1.0}
+# entropix's three weights: a slider each, shown while that rule is chosen
+ENTROPIX_GAIN = {
+    "lo": 0.0,
+    "app": (0.0, 1.0, 0.01),
+    "group": SAMPLING,
+    "shown_if": ("adaptive", "entropix"),
+}
 
 
 @dataclass(frozen=True)
@@ -697,29 +704,20 @@ class PruneParams:
         0.3,
         "entropix: weight a of the logits' entropy + varentropy (bits, bits²). entropix's "
         "0.3 holds T at its cap on most steps of SmolLM2 (10–25 bits of H + V): try 0.02.",
-        lo=0.0,
-        app=(0.0, 1.0, 0.01),
         label="a: logits' H + V",
-        group=SAMPLING,
-        shown_if=("adaptive", "entropix"),
+        **ENTROPIX_GAIN,
     )
     entropix_attention_gain: float = setting(
         0.2,
         "entropix: weight b of the last layer's attention entropy + its variance over heads.",
-        lo=0.0,
-        app=(0.0, 1.0, 0.01),
         label="b: attention H + head spread",
-        group=SAMPLING,
-        shown_if=("adaptive", "entropix"),
+        **ENTROPIX_GAIN,
     )
     entropix_agreement_gain: float = setting(
         0.2,
         "entropix: weight c of the heads' agreement, which cools.",
-        lo=0.0,
-        app=(0.0, 1.0, 0.01),
         label="c: head agreement",
-        group=SAMPLING,
-        shown_if=("adaptive", "entropix"),
+        **ENTROPIX_GAIN,
     )
     # safety fallback
     fallback: bool = setting(
